@@ -1,0 +1,96 @@
+"""Checkpoints with orbax's CheckpointManager: train state (params, optimiser state, method state, step), the
+data-iterator state and a JSON metadata item (resolved config, tokenizer, stage, package version, git hash, noise
+hash). Orbax writes each step into a temporary directory and renames it when complete, so a run killed mid-save
+leaves the previous checkpoint intact and `latest_step` only ever sees finished ones.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import jax
+import orbax.checkpoint as ocp
+
+
+def git_hash() -> str:
+  try:
+    here = os.path.dirname(os.path.abspath(__file__))
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                          timeout=5).stdout.strip() or "unknown"
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+
+
+class Checkpointer:
+  """Save every `every_steps` (and at the end), keep `keep`, restore the latest (auto-resume)."""
+
+  def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+    self.directory = os.path.abspath(directory)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep if keep and keep > 0 else None,
+                                           enable_async_checkpointing=async_save, create=True)
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         item_names=("state", "meta", "data"))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self.manager.all_steps())
+
+  def save(self, step: int, state, meta: dict, data_state: dict, *, force: bool = False) -> bool:
+    return self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta), data=ocp.args.JsonSave(data_state)),
+        force=force)
+
+  def read_meta(self, step: int) -> dict:
+    out = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(),
+                                                             data=ocp.args.JsonRestore()))
+    return dict(out["meta"], data=out["data"])
+
+  def restore(self, step: int, abstract_state):
+    """Restore the train state into `abstract_state` (ShapeDtypeStructs with shardings: resharding on load)."""
+    out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
+    return out["state"]
+
+  def wait(self):
+    self.manager.wait_until_finished()
+
+  def close(self):
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def checkpoint_dir(workdir: str) -> str:
+  return os.path.join(workdir, "checkpoints")
+
+
+def restore_params(path: str, abstract_params=None):
+  """Parameters from a checkpoint: `path` is a workdir (latest step), a workdir/checkpoints dir or a step dir."""
+  path = os.path.abspath(path)
+  step = None
+  base = os.path.basename(path.rstrip("/"))
+  if base.isdigit() and os.path.isdir(os.path.join(path, "state")):
+    directory, step = os.path.dirname(path), int(base)
+  elif os.path.isdir(os.path.join(path, "checkpoints")):
+    directory = os.path.join(path, "checkpoints")
+  else:
+    directory = path
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"no checkpoint directory at {path} (expected WORKDIR, WORKDIR/checkpoints or "
+                            f"WORKDIR/checkpoints/STEP)")
+  ckpt = Checkpointer(directory, async_save=False)
+  step = ckpt.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"{directory} holds no finished checkpoint")
+  meta = ckpt.read_meta(step)
+  if abstract_params is not None:
+    target = {"params": abstract_params}
+    restored = ckpt.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(item=target, restore_args=jax.tree.map(
+            lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target), partial_restore=True)))
+    params = restored["state"]["params"]
+  else:
+    params = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["params"]
+  ckpt.close()
+  return params, meta, step

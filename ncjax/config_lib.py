@@ -1,0 +1,117 @@
+"""Config schema and helpers (ml_collections).
+
+Every config is built from `base_config()`, which fixes the schema: the sub-dicts method, model, loss, input, noise,
+optim, evals, mesh, ckpt and log. Configs are locked, so a misspelt key — in a config file, a `--config.a.b=`
+override or a `:k=v` argument — fails at load time with the key named.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+  """Parse `k=v,k2=v2` config arguments (big_vision style) against typed defaults.
+
+  Unknown keys raise ValueError naming the key and the known ones. Values are parsed with the type of the default
+  (bool accepts true/false/1/0); a bare `k` sets a boolean to True.
+  """
+  out = ml_collections.ConfigDict(defaults)
+  if not arg:
+    return out
+  for item in arg.split(","):
+    item = item.strip()
+    if not item:
+      continue
+    key, _, raw = item.partition("=")
+    key = key.strip()
+    if key not in defaults:
+      raise ValueError(f"unknown config argument {key!r} in {arg!r}; known arguments: {sorted(defaults)}")
+    default = defaults[key]
+    if not _:
+      if isinstance(default, bool):
+        out[key] = True
+        continue
+      raise ValueError(f"config argument {key!r} needs a value ({key}=...)")
+    out[key] = _parse_value(key, raw.strip(), default)
+  return out
+
+
+def _parse_value(key: str, raw: str, default: Any):
+  if isinstance(default, bool):
+    low = raw.lower()
+    if low in ("1", "true", "yes", "on"):
+      return True
+    if low in ("0", "false", "no", "off"):
+      return False
+    raise ValueError(f"config argument {key!r} expects a boolean, got {raw!r}")
+  if isinstance(default, int):
+    return int(raw)
+  if isinstance(default, float):
+    return float(raw)
+  if isinstance(default, str) or default is None:
+    return raw
+  return ast.literal_eval(raw)
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """The full schema with defaults. Config files modify it; they never add keys outside a method's own namespace."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.num_epochs = 10
+  c.total_steps = config_dict.placeholder(int)  # overrides num_epochs when set (benchmarks, smoke runs)
+
+  # The method: `name` picks it from the registry; the rest are its own options (methods add keys here).
+  c.method = ml_collections.ConfigDict(dict(name="clip", init_from=""))
+
+  c.model = ml_collections.ConfigDict(dict(
+      size="tiny", image_type="vit", text_type="transformer",
+      image_size=config_dict.placeholder(int), patch_size=config_dict.placeholder(int),
+      channels=config_dict.placeholder(int), context_length=config_dict.placeholder(int),
+      pool="tok", ln_pre=True, act="quick_gelu", text_pool="eot",
+      dtype="float32", remat=False,
+      geometry="sphere", curv_init=1.0,
+      logit_scale_init=math.log(1 / 0.07), logit_bias_init=config_dict.placeholder(float),
+  ))
+
+  c.loss = ml_collections.ConfigDict()  # loss hyper-parameters of the method (methods add keys)
+
+  c.input = ml_collections.ConfigDict(dict(
+      dataset="digits", data_dir="", split="train", global_batch_size=256, shuffle_seed=0,
+      eval_batch_size=512, min_word_count=1, on_bad_record="skip",
+  ))
+
+  # Noise applied to the training pairs; the ground-truth clean flag is kept for diagnostics only.
+  c.noise = ml_collections.ConfigDict(dict(
+      kind="none", ratio=0.0, seed=0, derangement=False, file="",
+  ))
+
+  c.optim = ml_collections.ConfigDict(dict(
+      name="adamw", lr=5e-4, weight_decay=0.2, b1=0.9, b2=0.98, eps=1e-6,
+      grad_clip_norm=1.0, warmup_steps=0, schedule="cosine", min_lr_ratio=0.0,
+      freeze="",  # regex over parameter paths ('model/img/...'): matching parameters are frozen
+  ))
+
+  c.evals = ml_collections.ConfigDict()  # evaluator name -> ConfigDict(type=..., every_steps=..., ...)
+
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
+
+  c.ckpt = ml_collections.ConfigDict(dict(every_steps=0, keep=3, async_save=True, save_at_end=True))
+
+  c.log = ml_collections.ConfigDict(dict(every_steps=10, tensorboard=False, progress=True))
+  return c
+
+
+def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  config.lock()
+  return config
+
+
+def to_json_dict(config: ml_collections.ConfigDict) -> dict:
+  """A JSON-serialisable copy of the resolved config (stored in every checkpoint and metrics file)."""
+  return config.to_dict()

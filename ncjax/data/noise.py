@@ -1,0 +1,99 @@
+"""Noise protocols of the noisy-correspondence literature.
+
+`make_noisy_index` reproduces NCR's caption-level protocol (Huang et al., 2021): a random subset of ratio * N captions
+has its true image indices shuffled among itself, without derangement (a few captions keep their own image), fixed
+for all epochs; and DECL's image-level protocol (all captions of a selected image move together). The result is a
+per-caption image index (int64, the format of the NCR/DECL/BiCro `.npy` noise files), the clean mask and a sha256.
+The generator is numpy's PCG64 seeded explicitly, never the global RNG.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class NoisyIndex:
+  caption_to_image: np.ndarray  # int64 (n_captions,): the (possibly corrupted) image of each caption
+  clean: np.ndarray             # bool (n_captions,): caption_to_image == the true index
+  sha256: str
+  spec: dict
+
+  @property
+  def noisy_fraction(self) -> float:
+    return float(1.0 - self.clean.mean()) if self.clean.size else 0.0
+
+  def save(self, path: str) -> None:
+    """Write the per-caption int64 image index, compatible with NCR/DECL/BiCro noise files."""
+    with open(path, "wb") as f:
+      np.save(f, self.caption_to_image.astype(np.int64))
+
+
+def index_sha256(caption_to_image: np.ndarray) -> str:
+  return hashlib.sha256(np.ascontiguousarray(caption_to_image, dtype=np.int64).tobytes()).hexdigest()
+
+
+def _derange(rng: np.random.Generator, values: np.ndarray) -> np.ndarray:
+  """A permutation of `values` leaving no position with its own value (when possible)."""
+  n = len(values)
+  if n < 2:
+    return values.copy()
+  # Rotating a random permutation by one moves every position; values may repeat, so check and retry.
+  for _ in range(100):
+    perm = rng.permutation(n)
+    out = values[np.roll(perm, 1)]
+    out_perm = np.empty(n, dtype=values.dtype)
+    out_perm[perm] = out
+    if not np.any(out_perm == values):
+      return out_perm
+  return out_perm
+
+
+def make_noisy_index(caption_to_image, ratio: float, seed: int, level: str = "caption",
+                     derangement: bool = False) -> NoisyIndex:
+  """Corrupt a caption->image index as NCR ('caption') or DECL ('image') do.
+
+  caption level: choose floor(ratio * n_captions) captions from a random permutation and shuffle their image indices
+  among themselves. image level: choose floor(ratio * n_images) images and permute them among themselves; every
+  caption of a chosen image follows it. derangement=True guarantees every chosen caption/image changes.
+  """
+  true = np.asarray(caption_to_image, dtype=np.int64)
+  if true.ndim != 1:
+    raise ValueError(f"caption_to_image must be 1-D, got shape {true.shape}")
+  if not 0.0 <= ratio <= 1.0:
+    raise ValueError(f"noise ratio must be in [0, 1], got {ratio}")
+  rng = np.random.Generator(np.random.PCG64(seed))
+  noisy = true.copy()
+  if level == "caption":
+    n_noisy = int(np.floor(ratio * len(true)))
+    chosen = rng.permutation(len(true))[:n_noisy]
+    values = noisy[chosen]
+    noisy[chosen] = _derange(rng, values) if derangement else rng.permutation(values)
+  elif level == "image":
+    n_images = int(true.max()) + 1 if true.size else 0
+    n_noisy = int(np.floor(ratio * n_images))
+    chosen = rng.permutation(n_images)[:n_noisy]
+    mapping = np.arange(n_images, dtype=np.int64)
+    mapping[chosen] = _derange(rng, chosen) if derangement else rng.permutation(chosen)
+    noisy = mapping[true]
+  else:
+    raise ValueError(f"unknown noise level {level!r}; expected 'caption' (NCR) or 'image' (DECL)")
+  spec = dict(level=level, ratio=ratio, seed=seed, derangement=derangement, n_captions=int(len(true)))
+  return NoisyIndex(noisy, noisy == true, index_sha256(noisy), spec)
+
+
+def load_noise_file(path: str, caption_to_image) -> NoisyIndex:
+  """Load a legacy NCR/DECL/BiCro noise file: a per-caption int64 image index (length n_captions)."""
+  true = np.asarray(caption_to_image, dtype=np.int64)
+  noisy = np.load(path)
+  if noisy.shape != true.shape:
+    raise ValueError(f"noise file {path} holds an index of shape {noisy.shape}; this dataset has "
+                     f"{true.shape[0]} captions, so a per-caption index of shape {true.shape} is expected")
+  noisy = noisy.astype(np.int64)
+  n_images = int(true.max()) + 1 if true.size else 0
+  if noisy.size and (noisy.min() < 0 or noisy.max() >= n_images):
+    raise ValueError(f"noise file {path} refers to image {int(noisy.max())}, but the dataset has {n_images} images")
+  return NoisyIndex(noisy, noisy == true, index_sha256(noisy), dict(level="file", path=path))

@@ -1,0 +1,114 @@
+"""Metrics output: JSONL in the workdir (process 0 only), optional TensorBoard, and a progress display with
+throughput and ETA (a live bar on a terminal, periodic lines otherwise)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+
+def _jsonable(v):
+  if isinstance(v, (np.floating, np.integer)):
+    return v.item()
+  if isinstance(v, np.ndarray) and v.ndim == 0:
+    return v.item()
+  if isinstance(v, float) and not math.isfinite(v):
+    return str(v)
+  return v
+
+
+class MetricWriter:
+  """Append-only JSONL (`metrics.jsonl`) plus optional TensorBoard; silent on processes other than 0."""
+
+  def __init__(self, workdir: str, tensorboard: bool = False, filename: str = "metrics.jsonl"):
+    self.active = jax.process_index() == 0
+    self.path = os.path.join(workdir, filename)
+    self.tb = None
+    if self.active:
+      os.makedirs(workdir, exist_ok=True)
+      self.file = open(self.path, "a", buffering=1)
+      if tensorboard:
+        from tensorboardX import SummaryWriter  # optional dependency path
+        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, metrics: dict, kind: str = "train"):
+    if not self.active:
+      return
+    row = {"step": int(step), "kind": kind, "time": time.time()}
+    row.update({k: _jsonable(v) for k, v in metrics.items()})
+    self.file.write(json.dumps(row) + "\n")
+    if self.tb is not None:
+      for k, v in metrics.items():
+        if isinstance(v, (int, float, np.floating, np.integer)):
+          self.tb.add_scalar(f"{kind}/{k}", float(v), step)
+
+  def close(self):
+    if self.active:
+      self.file.close()
+      if self.tb is not None:
+        self.tb.close()
+
+
+def _fmt_time(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(seconds)
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}:{m:02d}:{s:02d}"
+
+
+class Progress:
+  """Step progress with examples/s and ETA. Throughput excludes the first (compiling) step of a run."""
+
+  def __init__(self, total_steps: int, start_step: int, batch_size: int, enabled: bool = True,
+               every_steps: int = 10, stream=None):
+    self.total, self.start, self.batch = total_steps, start_step, batch_size
+    self.enabled = enabled and jax.process_index() == 0
+    self.every = max(1, every_steps)
+    self.stream = stream or sys.stdout
+    self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+    self.t0 = None
+    self.n0 = start_step
+    self.last = ""
+
+  def rate(self, step: int) -> float:
+    if self.t0 is None or step <= self.n0:
+      return float("nan")
+    return (step - self.n0) * self.batch / (time.perf_counter() - self.t0)
+
+  def update(self, step: int, metrics: dict | None = None):
+    """`step` = number of completed steps."""
+    if self.t0 is None and step > self.start:  # first step compiled: start timing from here
+      self.t0, self.n0 = time.perf_counter(), step
+    if not self.enabled:
+      return
+    if not (self.tty or step % self.every == 0 or step == self.total):
+      return
+    rate = self.rate(step)
+    eta = (self.total - step) * self.batch / rate if rate == rate and rate > 0 else float("nan")
+    width = 24
+    filled = int(width * step / max(self.total, 1))
+    bar = "#" * filled + "-" * (width - filled)
+    loss = "" if not metrics or "loss" not in metrics else f" loss {metrics['loss']:.4f}"
+    line = (f"[{bar}] {step}/{self.total}{loss} | {rate:,.0f} ex/s | ETA {_fmt_time(eta)}"
+            if rate == rate else f"[{bar}] {step}/{self.total}{loss} | compiling")
+    if self.tty:
+      self.stream.write("\r" + line.ljust(len(self.last)))
+      if step == self.total:
+        self.stream.write("\n")
+    else:
+      self.stream.write(line + "\n")
+    self.stream.flush()
+    self.last = line
+
+  def close(self):
+    if self.enabled and self.tty and self.last:
+      self.stream.write("\n")
+      self.stream.flush()

@@ -1,0 +1,23 @@
+"""CLIP: symmetric InfoNCE over the global batch (Radford et al., 2021)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ncjax.losses import contrastive
+from ncjax.methods.registry import register
+from ncjax.methods.two_tower import SingleModelMethod
+
+
+@register("clip")
+class CLIP(SingleModelMethod):
+
+  def model_loss(self, model, batch, rng):
+    del rng
+    image_emb = model.encode_image(batch["image"])
+    text_emb = model.encode_text(batch["tokens"])
+    logits = model.get_logit_scale()
+    if model.geometry.name == "sphere":
+      return contrastive.infonce(image_emb, text_emb, logits)
+    # Other geometries (MERU's Lorentz): logits from the geometry's similarity (negative distance).
+    return contrastive.infonce_from_logits(jnp.exp(logits) * model.similarity(image_emb, text_emb))

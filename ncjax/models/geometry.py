@@ -1,0 +1,87 @@
+"""Embedding geometries: how tower outputs become embeddings and how pairs are scored.
+
+A geometry owns any learnable geometry scalars (curvature, scaling alphas) and exposes
+  embed(features, modality) -> embeddings          (float32)
+  logits_similarity(a, b) -> (N, M) float32        (what training logits are built from: higher = closer)
+  score(a, b) -> (N, M) float32                    (what evaluation ranks by)
+  paired_similarity(a, b) -> (N,) float32
+so losses and evaluators never assume the unit sphere.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+from flax import nnx
+
+from ncjax.models import lorentz
+
+
+def l2_normalize(x, eps: float = 1e-12):
+  """x / ||x||, returning 0 (not NaN) for a zero vector."""
+  x = jnp.asarray(x, jnp.float32)
+  return x * jnp.reciprocal(jnp.sqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps * eps)))
+
+
+class Sphere(nnx.Module):
+  """CLIP's geometry: L2-normalised embeddings scored by cosine similarity."""
+
+  name = "sphere"
+
+  def __init__(self, *, embed_dim: int, rngs: nnx.Rngs | None = None):
+    del embed_dim, rngs
+
+  def embed(self, features, modality: str):
+    del modality
+    return l2_normalize(features)
+
+  def logits_similarity(self, a, b):
+    return jnp.asarray(a, jnp.float32) @ jnp.asarray(b, jnp.float32).T
+
+  score = logits_similarity
+
+  def paired_similarity(self, a, b):
+    return jnp.sum(jnp.asarray(a, jnp.float32) * jnp.asarray(b, jnp.float32), axis=-1)
+
+
+class Lorentz(nnx.Module):
+  """MERU's geometry: features scaled by exp(alpha) (alpha <= 0) and lifted with exp_map0 onto the hyperboloid.
+
+  Training logits use negative geodesic distance; evaluation ranks by the Lorentzian inner product (as MERU's
+  zero-shot and retrieval evaluators do). Curvature c = exp(curv), curv clamped to [log(c0/10), log(10 c0)].
+  """
+
+  name = "lorentz"
+
+  def __init__(self, *, embed_dim: int, curv_init: float = 1.0, learn_curv: bool = True,
+               rngs: nnx.Rngs | None = None):
+    del rngs
+    self.curv_init = curv_init
+    self.learn_curv = learn_curv
+    alpha0 = math.log(embed_dim ** -0.5)
+    self.curv = nnx.Param(jnp.asarray(math.log(curv_init), jnp.float32))
+    self.visual_alpha = nnx.Param(jnp.asarray(alpha0, jnp.float32))
+    self.textual_alpha = nnx.Param(jnp.asarray(alpha0, jnp.float32))
+
+  def curvature(self):
+    lo, hi = math.log(self.curv_init / 10), math.log(self.curv_init * 10)
+    curv = jnp.clip(self.curv[...], lo, hi)
+    return jnp.exp(curv)
+
+  def embed(self, features, modality: str):
+    alpha = self.visual_alpha[...] if modality == "image" else self.textual_alpha[...]
+    alpha = jnp.minimum(alpha, 0.0)
+    return lorentz.exp_map0(jnp.asarray(features, jnp.float32) * jnp.exp(alpha), self.curvature())
+
+  def logits_similarity(self, a, b):
+    return -lorentz.pairwise_dist(a, b, self.curvature())
+
+  def score(self, a, b):
+    return lorentz.pairwise_inner(a, b, self.curvature())
+
+  def paired_similarity(self, a, b):
+    return -lorentz.paired_dist(a, b, self.curvature())
+
+
+GEOMETRIES = {"sphere": Sphere, "lorentz": Lorentz}

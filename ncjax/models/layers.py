@@ -1,0 +1,136 @@
+"""Transformer building blocks shared by the image and text towers (Flax NNX, used functionally).
+
+Conventions follow CLIP so that OpenAI / open_clip weights map one-to-one later: pre-norm residual blocks,
+LayerNorm eps 1e-5, fused QKV projection whose output rows are [q; k; v], QuickGELU by default.
+Parameters are always float32; `dtype` is the compute dtype (bfloat16 on accelerators).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+LAYER_NORM_EPS = 1e-5  # CLIP's value; flax defaults to 1e-6
+
+
+def quick_gelu(x):
+  """CLIP's activation, x * sigmoid(1.702 x)."""
+  return x * jax.nn.sigmoid(1.702 * x)
+
+
+ACTIVATIONS: dict[str, Callable] = {
+    "quick_gelu": quick_gelu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+
+
+def layer_norm(num_features: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+  # Normalisation statistics in float32 whatever the compute dtype.
+  return nnx.LayerNorm(num_features, epsilon=LAYER_NORM_EPS, dtype=jnp.float32, rngs=rngs)
+
+
+def dense(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, use_bias: bool = True,
+          std: float | None = None) -> nnx.Linear:
+  init = nnx.initializers.normal(std) if std is not None else nnx.initializers.xavier_uniform()
+  return nnx.Linear(in_features, out_features, use_bias=use_bias, dtype=dtype,
+                    param_dtype=jnp.float32, kernel_init=init, rngs=rngs)
+
+
+class MultiHeadAttention(nnx.Module):
+  """Self- or cross-attention with a fused QKV projection (rows [q; k; v], as CLIP's in_proj)."""
+
+  def __init__(self, width: int, heads: int, *, dtype, rngs: nnx.Rngs):
+    if width % heads:
+      raise ValueError(f"attention width {width} is not divisible by the number of heads {heads}")
+    self.heads = heads
+    self.dtype = dtype
+    self.qkv = dense(width, 3 * width, dtype=dtype, rngs=rngs, std=width ** -0.5)
+    self.out = dense(width, width, dtype=dtype, rngs=rngs, std=width ** -0.5)
+
+  def __call__(self, x, *, causal: bool = False, key_mask=None):
+    b, n, w = x.shape
+    qkv = self.qkv(x).reshape(b, n, 3, self.heads, w // self.heads)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    mask = None
+    if key_mask is not None:  # (b, n) True where a key may be attended to
+      mask = key_mask[:, None, None, :]
+    y = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal)
+    return self.out(y.reshape(b, n, w))
+
+
+class MlpBlock(nnx.Module):
+
+  def __init__(self, width: int, mlp_dim: int, *, act: str, dtype, rngs: nnx.Rngs):
+    self.act = ACTIVATIONS[act]
+    self.fc = dense(width, mlp_dim, dtype=dtype, rngs=rngs, std=(2 * width) ** -0.5)
+    self.proj = dense(mlp_dim, width, dtype=dtype, rngs=rngs, std=width ** -0.5)
+
+  def __call__(self, x):
+    return self.proj(self.act(self.fc(x)))
+
+
+class ResidualBlock(nnx.Module):
+  """Pre-norm transformer block: x + attn(ln_1(x)); x + mlp(ln_2(x))."""
+
+  def __init__(self, width: int, heads: int, mlp_ratio: float, *, act: str, dtype, rngs: nnx.Rngs):
+    self.dtype = dtype
+    self.ln_1 = layer_norm(width, rngs)
+    self.attn = MultiHeadAttention(width, heads, dtype=dtype, rngs=rngs)
+    self.ln_2 = layer_norm(width, rngs)
+    self.mlp = MlpBlock(width, int(width * mlp_ratio), act=act, dtype=dtype, rngs=rngs)
+
+  def __call__(self, x, *, causal: bool = False, key_mask=None):
+    x = x + self.attn(self.ln_1(x).astype(self.dtype), causal=causal, key_mask=key_mask).astype(x.dtype)
+    x = x + self.mlp(self.ln_2(x).astype(self.dtype)).astype(x.dtype)
+    return x
+
+
+def _run_block(block: ResidualBlock, x, causal, key_mask):
+  return block(x, causal=causal, key_mask=key_mask)
+
+
+class Transformer(nnx.Module):
+  """A stack of residual blocks named `block_0 .. block_{depth-1}` (so freezing regexes can name them)."""
+
+  def __init__(self, width: int, depth: int, heads: int, *, mlp_ratio: float = 4.0, act: str = "quick_gelu",
+               dtype=jnp.float32, remat: bool = False, rngs: nnx.Rngs):
+    self.depth = depth
+    self.remat = remat
+    for i in range(depth):
+      setattr(self, f"block_{i}", ResidualBlock(width, heads, mlp_ratio, act=act, dtype=dtype, rngs=rngs))
+
+  def __call__(self, x, *, causal: bool = False, key_mask=None):
+    # Rematerialisation trades one extra forward per block for activation memory (large contrastive batches).
+    run = nnx.remat(_run_block, static_argnums=(2,)) if self.remat else _run_block
+    for i in range(self.depth):
+      x = run(getattr(self, f"block_{i}"), x, causal, key_mask)
+    return x
+
+
+class MAPHead(nnx.Module):
+  """Multihead attention pooling (a learned probe attends over the tokens), as SigLIP's 'map' pooling."""
+
+  def __init__(self, width: int, heads: int, *, act: str, dtype, rngs: nnx.Rngs):
+    self.dtype = dtype
+    self.heads = heads
+    self.probe = nnx.Param(nnx.initializers.xavier_uniform()(rngs.params(), (1, 1, width), jnp.float32))
+    self.q = dense(width, width, dtype=dtype, rngs=rngs)
+    self.kv = dense(width, 2 * width, dtype=dtype, rngs=rngs)
+    self.out = dense(width, width, dtype=dtype, rngs=rngs)
+    self.ln = layer_norm(width, rngs)
+    self.mlp = MlpBlock(width, 4 * width, act=act, dtype=dtype, rngs=rngs)
+
+  def __call__(self, x):
+    b, n, w = x.shape
+    h = self.heads
+    probe = jnp.broadcast_to(self.probe[...], (b, 1, w)).astype(self.dtype)
+    q = self.q(probe).reshape(b, 1, h, w // h)
+    kv = self.kv(x.astype(self.dtype)).reshape(b, n, 2, h, w // h)
+    y = jax.nn.dot_product_attention(q, kv[:, :, 0], kv[:, :, 1]).reshape(b, 1, w)
+    y = self.out(y).astype(jnp.float32)
+    y = y + self.mlp(self.ln(y).astype(self.dtype)).astype(jnp.float32)
+    return y[:, 0]

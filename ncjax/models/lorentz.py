@@ -1,0 +1,103 @@
+"""Lorentz-model hyperbolic geometry as used by MERU (Desai et al., 2023).
+
+Points are stored by their space components x in R^D; the time component is x_t = sqrt(1/c + ||x||^2) on the
+hyperboloid of curvature -c (c > 0). All maps run in float32, whatever the tower's compute dtype.
+Constants (1e-8 clamps, asinh(2^15) sinh bound) follow MERU's public implementation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+_EPS = 1e-8
+_SINH_BOUND = math.asinh(2.0 ** 15)
+
+
+def _f32(*xs):
+  return tuple(jnp.asarray(x, jnp.float32) for x in xs)
+
+
+def time_component(x, curv):
+  x, curv = _f32(x, curv)
+  return jnp.sqrt(1.0 / curv + jnp.sum(x * x, axis=-1))
+
+
+def pairwise_inner(x, y, curv):
+  """Lorentzian inner product <x, y>_L = x.y - x_t y_t for all pairs (N, M); always <= -1/c."""
+  x, y, curv = _f32(x, y, curv)
+  xt = time_component(x, curv)
+  yt = time_component(y, curv)
+  return x @ y.T - xt[:, None] * yt[None, :]
+
+
+def paired_inner(x, y, curv):
+  x, y, curv = _f32(x, y, curv)
+  return jnp.sum(x * y, axis=-1) - time_component(x, curv) * time_component(y, curv)
+
+
+def _dist_from_inner(inner, curv):
+  return jnp.arccosh(jnp.maximum(-curv * inner, 1.0 + _EPS)) / jnp.sqrt(curv)
+
+
+def pairwise_dist(x, y, curv):
+  """Geodesic distance acosh(-c <x,y>_L) / sqrt(c) for all pairs.
+
+  In float32 the 1 + 1e-8 clamp rounds to 1, so d(x, x) = 0 and its derivative is infinite: never differentiate
+  an exact self-distance.
+  """
+  curv = jnp.asarray(curv, jnp.float32)
+  return _dist_from_inner(pairwise_inner(x, y, curv), curv)
+
+
+def paired_dist(x, y, curv):
+  curv = jnp.asarray(curv, jnp.float32)
+  return _dist_from_inner(paired_inner(x, y, curv), curv)
+
+
+def exp_map0(v, curv):
+  """Exponential map at the origin: sinh(r) v / r with r = sqrt(c) ||v|| (MERU clamps r for the sinh)."""
+  v, curv = _f32(v, curv)
+  r = jnp.sqrt(curv) * jnp.linalg.norm(v, axis=-1, keepdims=True)
+  sinh_r = jnp.sinh(jnp.clip(r, _EPS, _SINH_BOUND))
+  return sinh_r * v / jnp.maximum(r, _EPS)
+
+
+def log_map0(x, curv):
+  """Inverse of exp_map0."""
+  x, curv = _f32(x, curv)
+  norm = jnp.sqrt(curv) * jnp.linalg.norm(x, axis=-1, keepdims=True)
+  rc_xnorm = jnp.sqrt(1.0 + norm * norm)
+  return jnp.arccosh(jnp.maximum(rc_xnorm, 1.0 + _EPS)) * x / jnp.maximum(norm, _EPS)
+
+
+def hyperbolic_norm(x, curv):
+  """Distance from the origin, d(O, x) = asinh(sqrt(c) ||x||) / sqrt(c) (equals ||v|| for x = exp_map0(v))."""
+  x, curv = _f32(x, curv)
+  return jnp.arcsinh(jnp.sqrt(curv) * jnp.linalg.norm(x, axis=-1)) / jnp.sqrt(curv)
+
+
+def half_aperture(x, curv, min_radius: float = 0.1):
+  """Half-aperture of the entailment cone at x: asin(2K / (sqrt(c) ||x||)), K = min_radius."""
+  x, curv = _f32(x, curv)
+  s = 2.0 * min_radius / (jnp.sqrt(curv) * jnp.linalg.norm(x, axis=-1) + _EPS)
+  return jnp.arcsin(jnp.clip(s, -1.0 + _EPS, 1.0 - _EPS))
+
+
+def oxy_angle(x, y, curv):
+  """Exterior angle at x of the triangle O-x-y (paired, row by row)."""
+  x, y, curv = _f32(x, y, curv)
+  xt = time_component(x, curv)
+  yt = time_component(y, curv)
+  c_inner = curv * (jnp.sum(x * y, axis=-1) - xt * yt)
+  num = yt + c_inner * xt
+  den = jnp.linalg.norm(x, axis=-1) * jnp.sqrt(jnp.maximum(c_inner * c_inner - 1.0, _EPS)) + _EPS
+  return jnp.arccos(jnp.clip(num / den, -1.0 + _EPS, 1.0 - _EPS))
+
+
+def entailment_loss(parent, child, curv, min_radius: float = 0.1):
+  """MERU's entailment term: mean relu(oxy_angle(parent, child) - half_aperture(parent)); text is the parent."""
+  ext = oxy_angle(parent, child, curv)
+  aper = half_aperture(parent, curv, min_radius)
+  return jnp.mean(jnp.maximum(ext - aper, 0.0))

@@ -1,0 +1,26 @@
+"""Named model sizes. CLIP sizes follow the OpenAI architectures; `tiny` and `small` are for CPU runs."""
+
+from __future__ import annotations
+
+CLIP_TEXT = dict(width=512, depth=12, heads=8, context_length=77, vocab_size=49408)
+
+SIZES: dict[str, dict] = {
+    "ViT-B/16": dict(embed_dim=512, image=dict(image_size=224, patch_size=16, width=768, depth=12, heads=12),
+                     text=dict(CLIP_TEXT)),
+    "ViT-B/32": dict(embed_dim=512, image=dict(image_size=224, patch_size=32, width=768, depth=12, heads=12),
+                     text=dict(CLIP_TEXT)),
+    "ViT-L/14": dict(embed_dim=768, image=dict(image_size=224, patch_size=14, width=1024, depth=24, heads=16),
+                     text=dict(width=768, depth=12, heads=12, context_length=77, vocab_size=49408)),
+    # CPU sizes: vocabulary and context come from the tokenizer / data (word-level vocabularies are small).
+    "small": dict(embed_dim=256, image=dict(image_size=32, patch_size=4, width=256, depth=6, heads=4),
+                  text=dict(width=256, depth=4, heads=4, context_length=32, vocab_size=None)),
+    "tiny": dict(embed_dim=64, image=dict(image_size=16, patch_size=4, width=64, depth=2, heads=2),
+                 text=dict(width=64, depth=2, heads=2, context_length=16, vocab_size=None)),
+}
+
+
+def get_size(name: str) -> dict:
+  if name not in SIZES:
+    raise ValueError(f"unknown model size {name!r}; known sizes: {sorted(SIZES)}")
+  spec = SIZES[name]
+  return dict(embed_dim=spec["embed_dim"], image=dict(spec["image"]), text=dict(spec["text"]))

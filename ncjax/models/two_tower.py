@@ -1,0 +1,86 @@
+"""The two-tower model: an image tower, a text tower, a geometry, a learnable logit scale and optional bias.
+
+Towers are looked up in registries by `type`, so new towers (region features with their own text encoder,
+timm-style ViTs) plug in with `register_image_tower` / `register_text_tower` and touch neither this file nor the
+trainer. `logit_scale` is the log of the logit multiplier (CLIP convention), clamped to <= log(100) where read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax.numpy as jnp
+from flax import nnx
+
+from ncjax.models import geometry as geometry_lib
+from ncjax.models.text import TextTransformer
+from ncjax.models.vit import VisionTransformer
+
+IMAGE_TOWERS: dict[str, Callable[..., nnx.Module]] = {"vit": VisionTransformer}
+TEXT_TOWERS: dict[str, Callable[..., nnx.Module]] = {"transformer": TextTransformer}
+
+MAX_LOGIT_SCALE = math.log(100.0)
+
+
+def register_image_tower(name: str):
+  def deco(cls):
+    IMAGE_TOWERS[name] = cls
+    return cls
+  return deco
+
+
+def register_text_tower(name: str):
+  def deco(cls):
+    TEXT_TOWERS[name] = cls
+    return cls
+  return deco
+
+
+class TwoTower(nnx.Module):
+  """Image and text towers over a shared embedding geometry.
+
+  encode_image / encode_text return float32 embeddings in the model's geometry (L2-normalised on the sphere,
+  points on the hyperboloid for Lorentz); `similarity` is what logits are built from, `score` what evaluators rank by.
+  """
+
+  def __init__(self, image_tower: nnx.Module, text_tower: nnx.Module, geometry: nnx.Module, *,
+               logit_scale_init: float = math.log(1 / 0.07), logit_bias_init: float | None = None,
+               max_logit_scale: float = MAX_LOGIT_SCALE):
+    self.img = image_tower
+    self.txt = text_tower
+    self.geometry = geometry
+    self.max_logit_scale = max_logit_scale
+    self.logit_scale = nnx.Param(jnp.asarray(logit_scale_init, jnp.float32))
+    self.has_bias = logit_bias_init is not None
+    if self.has_bias:
+      self.logit_bias = nnx.Param(jnp.asarray(logit_bias_init, jnp.float32))
+
+  def get_logit_scale(self):
+    return jnp.minimum(self.logit_scale[...], self.max_logit_scale)
+
+  def get_logit_bias(self):
+    return self.logit_bias[...] if self.has_bias else jnp.zeros((), jnp.float32)
+
+  def encode_image(self, images, *, return_features: bool = False):
+    emb, features = self.img(images, return_features=True)
+    emb = self.geometry.embed(emb, "image")
+    return (emb, features) if return_features else emb
+
+  def encode_text(self, tokens, *, token_embeddings=None, return_features: bool = False):
+    emb, features = self.txt(tokens, token_embeddings=token_embeddings, return_features=True)
+    emb = self.geometry.embed(emb, "text")
+    return (emb, features) if return_features else emb
+
+  def similarity(self, image_emb, text_emb):
+    return self.geometry.logits_similarity(image_emb, text_emb)
+
+  def score(self, image_emb, text_emb):
+    return self.geometry.score(image_emb, text_emb)
+
+  def paired_similarity(self, image_emb, text_emb):
+    return self.geometry.paired_similarity(image_emb, text_emb)
+
+  def __call__(self, images, tokens):
+    return dict(image_emb=self.encode_image(images), text_emb=self.encode_text(tokens),
+                logit_scale=self.get_logit_scale(), logit_bias=self.get_logit_bias())

@@ -1,0 +1,72 @@
+"""ViT image tower (CLIP layout: conv patchify without bias, class token, ln_pre, pre-norm blocks, ln_post, projection)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from ncjax.models import layers
+
+
+class VisionTransformer(nnx.Module):
+  """Image tower. Input: (B, H, W, C) float images already normalised. Output: pooled features and projection.
+
+  pool: 'tok' (class token, CLIP), 'map' (attention pooling, SigLIP) or 'gap' (mean of patch tokens).
+  """
+
+  def __init__(self, *, image_size: int, patch_size: int, width: int, depth: int, heads: int, embed_dim: int,
+               channels: int = 3, pool: str = "tok", ln_pre: bool = True, mlp_ratio: float = 4.0,
+               act: str = "quick_gelu", dtype=jnp.float32, remat: bool = False, rngs: nnx.Rngs):
+    if image_size % patch_size:
+      raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
+    if pool not in ("tok", "map", "gap"):
+      raise ValueError(f"unknown pooling {pool!r}; expected 'tok', 'map' or 'gap'")
+    self.image_size, self.patch_size, self.channels = image_size, patch_size, channels
+    self.pool, self.dtype, self.width = pool, dtype, width
+    grid = image_size // patch_size
+    scale = width ** -0.5
+    self.patch_embed = nnx.Conv(channels, width, kernel_size=(patch_size, patch_size),
+                                strides=(patch_size, patch_size), padding="VALID", use_bias=False,
+                                dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+    n_tokens = grid * grid + (1 if pool == "tok" else 0)
+    if pool == "tok":
+      self.cls_token = nnx.Param(scale * nnx.initializers.normal(1.0)(rngs.params(), (width,), jnp.float32))
+    self.pos_embedding = nnx.Param(scale * nnx.initializers.normal(1.0)(rngs.params(), (n_tokens, width),
+                                                                       jnp.float32))
+    self.ln_pre = layers.layer_norm(width, rngs) if ln_pre else None
+    self.transformer = layers.Transformer(width, depth, heads, mlp_ratio=mlp_ratio, act=act, dtype=dtype,
+                                          remat=remat, rngs=rngs)
+    self.ln_post = layers.layer_norm(width, rngs)
+    if pool == "map":
+      self.map_head = layers.MAPHead(width, heads, act=act, dtype=dtype, rngs=rngs)
+    self.proj = nnx.Param(scale * nnx.initializers.normal(1.0)(rngs.params(), (width, embed_dim), jnp.float32))
+
+  @property
+  def feature_dim(self) -> int:
+    return self.width
+
+  def __call__(self, images, *, return_features: bool = False):
+    expected = (self.image_size, self.image_size, self.channels)
+    if images.ndim != 4 or tuple(images.shape[1:]) != expected:
+      raise ValueError(f"image tower expects images of shape (batch, {expected[0]}, {expected[1]}, {expected[2]}),"
+                       f" got {tuple(images.shape)}")
+    x = self.patch_embed(images.astype(self.dtype))
+    b = x.shape[0]
+    x = x.reshape(b, -1, self.width).astype(jnp.float32)
+    if self.pool == "tok":
+      cls = jnp.broadcast_to(self.cls_token[...], (b, 1, self.width))
+      x = jnp.concatenate([cls, x], axis=1)
+    x = x + self.pos_embedding[...]
+    if self.ln_pre is not None:
+      x = self.ln_pre(x)
+    x = self.transformer(x)
+    if self.pool == "tok":
+      features = self.ln_post(x[:, 0])
+    elif self.pool == "gap":
+      features = self.ln_post(x.mean(axis=1))
+    else:
+      features = self.map_head(self.ln_post(x))
+    features = features.astype(jnp.float32)
+    emb = features.astype(self.dtype) @ self.proj[...].astype(self.dtype)
+    emb = emb.astype(jnp.float32)
+    return (emb, features) if return_features else emb

@@ -1,0 +1,95 @@
+"""Mesh construction and sharding rules.
+
+The mesh has a 'data' axis and an 'fsdp' axis (Auto axis types: ott-jax's Sinkhorn and GSPMD-inserted gathers work
+under Auto, not under Explicit). The global batch is split over both axes; with fsdp > 1 each parameter is split
+along its largest dimension divisible by the fsdp size. Per-sample method state (leading dimension = the state
+capacity) is split over every device. Nothing here hard-codes a device count.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+
+def make_mesh(mesh_config, devices=None) -> jax.sharding.Mesh:
+  devices = jax.devices() if devices is None else devices
+  n = len(devices)
+  fsdp = int(mesh_config.fsdp)
+  data = int(mesh_config.data)
+  if fsdp < 1:
+    raise ValueError(f"mesh.fsdp must be >= 1, got {fsdp}")
+  if data == -1:
+    if n % fsdp:
+      raise ValueError(f"mesh.fsdp={fsdp} does not divide the {n} available devices")
+    data = n // fsdp
+  if data * fsdp != n:
+    raise ValueError(f"mesh data={data} x fsdp={fsdp} = {data * fsdp} devices, but {n} are available; "
+                     f"use mesh.data=-1 to take the rest")
+  return jax.make_mesh((data, fsdp), ("data", "fsdp"), axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
+
+
+def replicated(mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def batch_sharding(mesh) -> NamedSharding:
+  return NamedSharding(mesh, P(tuple(mesh.axis_names)))
+
+
+def _fsdp_spec(shape, fsdp_size: int, min_size: int = 1024) -> P:
+  if fsdp_size == 1 or int(np.prod(shape, dtype=np.int64)) < min_size:
+    return P()
+  order = sorted(range(len(shape)), key=lambda d: -shape[d])
+  for d in order:
+    if shape[d] % fsdp_size == 0:
+      spec = [None] * len(shape)
+      spec[d] = "fsdp"
+      return P(*spec)
+  return P()
+
+
+def param_shardings(abstract_params, mesh):
+  fsdp_size = mesh.shape["fsdp"]
+  return jax.tree.map(lambda x: NamedSharding(mesh, _fsdp_spec(x.shape, fsdp_size)), abstract_params)
+
+
+def state_shardings(abstract_state, mesh, capacity: int):
+  """Per-sample arrays (leading dim == capacity, divisible by the device count) are split over all devices."""
+  n = mesh.devices.size
+
+  def rule(x):
+    if x.ndim >= 1 and x.shape[0] == capacity and capacity % n == 0:
+      return NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    return NamedSharding(mesh, P())
+
+  return jax.tree.map(rule, abstract_state)
+
+
+def state_capacity(num_examples: int, mesh) -> int:
+  """Per-sample state length: num_examples rounded up to a multiple of the device count."""
+  n = mesh.devices.size
+  return -(-num_examples // n) * n
+
+
+def _path_key(path) -> tuple:
+  return tuple(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def like_params_shardings(abstract_tree, abstract_params, param_sh, mesh):
+  """Shardings for an optimiser state: a leaf whose path ends with a parameter's path and has that parameter's
+  shape gets that parameter's sharding; anything else (counts, scalars) is replicated."""
+  by_path = {}
+  for (path, leaf), sh in zip(jax.tree_util.tree_flatten_with_path(abstract_params)[0], jax.tree.leaves(param_sh)):
+    by_path[_path_key(path)] = (leaf.shape, sh)
+
+  def rule(path, leaf):
+    key = _path_key(path)
+    for start in range(len(key)):
+      hit = by_path.get(key[start:])
+      if hit is not None and hit[0] == leaf.shape:
+        return hit[1]
+    return NamedSharding(mesh, P())
+
+  return jax.tree_util.tree_map_with_path(rule, abstract_tree)

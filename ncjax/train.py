@@ -1,0 +1,369 @@
+"""The method-agnostic trainer.
+
+It builds the data, the method and the mesh from a config; creates the train state already sharded
+(`eval_shape` -> shardings -> `jit(init, out_shardings=...)`) or restores it from the latest checkpoint in the
+workdir; and runs, stage by stage, one jitted step with explicit in/out shardings and donated state. The trainer
+knows nothing about any particular method: stages, updates, parameter groups, per-sample state and epoch hooks
+all come from the Method object (see ncjax/methods/base.py and docs/architecture.md).
+
+Train state: {'step': int32, 'params': {module: ...}, 'opt_state': {update name: optax state},
+'method_state': pytree}. The RNG of step s is fold_in(PRNGKey(seed), s), so nothing random needs checkpointing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import ncjax
+from ncjax import checkpoint as ckpt_lib
+from ncjax import data as data_lib
+from ncjax import models
+from ncjax import optim as optim_lib
+from ncjax import sharding as shard_lib
+from ncjax.config_lib import to_json_dict
+from ncjax.data.noise import NoisyIndex, load_noise_file, make_noisy_index
+from ncjax.data.pipeline import TrainData
+from ncjax.logging_utils import MetricWriter, Progress
+from ncjax.methods.base import Method, Stage, scalar_metrics, strip_diagnostics
+from ncjax.methods.registry import build_method
+from ncjax.tokenizers import WordTokenizer, tokenizer_from_json
+
+log = logging.getLogger("ncjax")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Building the experiment from a config
+# ---------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Experiment:
+  config: Any
+  mesh: jax.sharding.Mesh
+  tokenizer: Any
+  train_data: TrainData
+  method: Method
+  noisy: NoisyIndex | None
+
+  @property
+  def steps_per_epoch(self) -> int:
+    return self.train_data.steps_per_epoch
+
+
+def build_noise(noise_config, caption_to_image) -> NoisyIndex | None:
+  kind = noise_config.kind
+  if kind == "none":
+    if noise_config.ratio:
+      raise ValueError(f"noise.ratio={noise_config.ratio} but noise.kind='none'; set noise.kind "
+                       f"('caption_shuffle' or 'image_shuffle')")
+    return None
+  if kind == "file":
+    if not noise_config.file:
+      raise ValueError("noise.kind='file' needs noise.file (a per-caption int64 .npy index)")
+    return load_noise_file(noise_config.file, caption_to_image)
+  levels = {"caption_shuffle": "caption", "image_shuffle": "image"}
+  if kind not in levels:
+    raise ValueError(f"unknown noise.kind {kind!r}; expected 'none', 'caption_shuffle' (NCR), "
+                     f"'image_shuffle' (DECL) or 'file'")
+  return make_noisy_index(caption_to_image, noise_config.ratio, noise_config.seed, level=levels[kind],
+                          derangement=noise_config.derangement)
+
+
+def image_size_of(model_config) -> int:
+  return models.resolve_model_spec(model_config, vocab_size=1)["image"]["image_size"]
+
+
+def build_tokenizer(config, captions, saved: dict | None = None):
+  if saved is not None:
+    return tokenizer_from_json(saved)
+  context = models.resolve_model_spec(config.model, vocab_size=1)["text"]["context_length"]
+  return WordTokenizer.build(captions, context_length=context, min_count=config.input.min_word_count)
+
+
+def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
+  mesh = shard_lib.make_mesh(config.mesh, devices)
+  split = data_lib.load_split(config.input, config.input.split, image_size_of(config.model))
+  tokenizer = build_tokenizer(config, split.captions, saved_tokenizer)
+  noisy = build_noise(config.noise, split.caption_to_image)
+  train_data = TrainData(split, tokenizer.encode(split.captions), config.input.global_batch_size,
+                         config.input.shuffle_seed, mesh, noisy)
+  method = build_method(config, tokenizer=tokenizer, num_examples=train_data.num_examples)
+  return Experiment(config, mesh, tokenizer, train_data, method, noisy)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Schedule
+# ---------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class StageSpan:
+  index: int
+  stage: Stage
+  start: int   # first global step of the stage
+  steps: int   # scheduled length (the lr schedule always spans it, even when total_steps cuts the run short)
+
+
+def stage_spans(stages, steps_per_epoch: int) -> list[StageSpan]:
+  spans, start = [], 0
+  for i, st in enumerate(stages):
+    n = int(st.epochs) * steps_per_epoch
+    spans.append(StageSpan(i, st, start, n))
+    start += n
+  return spans
+
+
+def total_steps_of(config, spans) -> int:
+  scheduled = sum(s.steps for s in spans)
+  return scheduled if config.total_steps is None else min(int(config.total_steps), scheduled)
+
+
+def span_at(spans, step: int) -> StageSpan:
+  for s in spans:
+    if step < s.start + s.steps:
+      return s
+  return spans[-1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# State and step
+# ---------------------------------------------------------------------------------------------------------------
+class StageProgram:
+  """Optimisers, shardings and the jitted step of one stage."""
+
+  def __init__(self, exp: Experiment, span: StageSpan, abstract_params, param_sh, ms_abstract, ms_sh):
+    cfg = exp.config
+    self.exp, self.span, self.stage = exp, span, span.stage
+    mesh = exp.mesh
+    self.rep = shard_lib.replicated(mesh)
+    self.txs, self.trainable = {}, {}
+    for upd in self.stage.updates:
+      tx, _, trainable = optim_lib.build_optimizer(upd, abstract_params, cfg.optim, span.steps)
+      self.txs[upd.name], self.trainable[upd.name] = tx, trainable
+    opt_abstract = jax.eval_shape(lambda p: {k: tx.init(p) for k, tx in self.txs.items()}, abstract_params)
+    opt_sh = shard_lib.like_params_shardings(opt_abstract, abstract_params, param_sh, mesh)
+    self.state_sh = dict(step=self.rep, params=param_sh, opt_state=opt_sh, method_state=ms_sh)
+    self.abstract_state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        dict(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params, opt_state=opt_abstract,
+             method_state=ms_abstract), self.state_sh)
+    self.init_opt = jax.jit(lambda p: {k: tx.init(p) for k, tx in self.txs.items()}, in_shardings=(param_sh,),
+                            out_shardings=opt_sh)
+    self.batch_sh = shard_lib.batch_sharding(mesh)
+    self.step = jax.jit(self._step, in_shardings=(self.state_sh, self.batch_sh),
+                        out_shardings=(self.state_sh, self.rep), donate_argnums=(0,))
+
+  def _step(self, state, batch):
+    method, stage, optim_cfg = self.exp.method, self.stage, self.exp.config.optim
+    step = state["step"]
+    rng = jax.random.fold_in(jax.random.PRNGKey(self.exp.config.seed), step)
+    method_batch = strip_diagnostics(batch)
+    params, mstate = state["params"], state["method_state"]
+    new_opt, metrics = {}, {}
+    for k, upd in enumerate(stage.updates):
+      (loss, (m, mstate)), grads = jax.value_and_grad(upd.loss_fn, has_aux=True)(
+          params, mstate, method_batch, jax.random.fold_in(rng, k))
+      trainable = self.trainable[upd.name]
+      grads = jax.tree.map(lambda g, t: g if t else jnp.zeros_like(g), grads, trainable)
+      updates, new_opt[upd.name] = self.txs[upd.name].update(grads, state["opt_state"][upd.name], params)
+      params = optax.apply_updates(params, updates)
+      params = method.post_update(params, stage)
+      prefix = "" if len(stage.updates) == 1 else f"{upd.name}/"
+      metrics.update({prefix + key: v for key, v in scalar_metrics(m).items()})
+      metrics[prefix + "loss"] = jnp.asarray(loss, jnp.float32)
+      metrics[prefix + "grad_norm"] = optax.global_norm(grads)
+      rel = step - self.span.start
+      for label, lr in optim_lib.group_learning_rates(upd, optim_cfg, self.span.steps, rel).items():
+        metrics[f"{prefix}lr/{label}"] = jnp.asarray(lr, jnp.float32)
+    metrics["param_norm"] = optax.global_norm(params)
+    return dict(step=step + 1, params=params, opt_state=new_opt, method_state=mstate), metrics
+
+
+class Trainer:
+  """Holds the experiment, its stage programs and the checkpointer; `run()` trains to the end (or `until`)."""
+
+  def __init__(self, config, workdir: str, *, devices=None):
+    self.config, self.workdir = config, workdir
+    os.makedirs(workdir, exist_ok=True)
+    self.checkpointer = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=config.ckpt.keep,
+                                              async_save=config.ckpt.async_save)
+    latest = self.checkpointer.latest_step()
+    self.resume_meta = self.checkpointer.read_meta(latest) if latest is not None else None
+    saved_tok = self.resume_meta["tokenizer"] if self.resume_meta else None
+    self.exp = build_experiment(config, devices=devices, saved_tokenizer=saved_tok)
+    exp = self.exp
+    if exp.steps_per_epoch < 1:
+      raise ValueError("fewer training examples than one global batch")
+    self.spans = stage_spans(exp.method.stages(), exp.steps_per_epoch)
+    self.total_steps = total_steps_of(config, self.spans)
+    mesh = exp.mesh
+    self.abstract_params = exp.method.abstract_params()
+    self.param_sh = shard_lib.param_shardings(self.abstract_params, mesh)
+    self.capacity = shard_lib.state_capacity(exp.train_data.num_examples, mesh)
+    self.ms_abstract = jax.eval_shape(functools.partial(exp.method.init_state, self.capacity))
+    self.ms_sh = shard_lib.state_shardings(self.ms_abstract, mesh, self.capacity)
+    self._programs: dict[int, StageProgram] = {}
+    self._end_of_epoch = None
+
+  def program(self, span: StageSpan) -> StageProgram:
+    if span.index not in self._programs:
+      self._programs = {span.index: StageProgram(self.exp, span, self.abstract_params, self.param_sh,
+                                                 self.ms_abstract, self.ms_sh)}
+    return self._programs[span.index]
+
+  # --- state creation / restore -------------------------------------------------------------------------------
+  def init_params(self):
+    params = jax.jit(self.exp.method.init_params, out_shardings=self.param_sh)()
+    init_from = self.config.method.init_from
+    if init_from:
+      params = overlay_params(params, init_from, self.abstract_params, self.param_sh)
+    return params
+
+  def init_state(self, span: StageSpan):
+    prog = self.program(span)
+    params = self.init_params()
+    mstate = jax.jit(functools.partial(self.exp.method.init_state, self.capacity), out_shardings=self.ms_sh)()
+    step = jax.device_put(jnp.asarray(span.start, jnp.int32), prog.rep)
+    return dict(step=step, params=params, opt_state=prog.init_opt(params), method_state=mstate)
+
+  def restore_or_init(self):
+    """(state, span of the state's optimiser) from the latest checkpoint, or fresh."""
+    if self.resume_meta is None:
+      span = self.spans[0]
+      return self.init_state(span), span
+    meta = self.resume_meta
+    span = self.spans[meta["stage_index"]]
+    prog = self.program(span)
+    state = self.checkpointer.restore(meta["step"], prog.abstract_state)
+    log.info("resumed from step %d (stage %s)", meta["step"], span.stage.name)
+    return state, span
+
+  def switch_stage(self, state, span: StageSpan):
+    """Enter a new stage: its optimiser state starts fresh (its own groups and schedules)."""
+    prog = self.program(span)
+    return dict(step=state["step"], params=state["params"], opt_state=prog.init_opt(state["params"]),
+                method_state=state["method_state"])
+
+  def end_of_epoch_fn(self):
+    if self._end_of_epoch is None:
+      self._end_of_epoch = jax.jit(self.exp.method.end_of_epoch, in_shardings=(self.param_sh, self.ms_sh, None),
+                                   out_shardings=self.ms_sh)
+    return self._end_of_epoch
+
+  # --- metadata ------------------------------------------------------------------------------------------------
+  def meta(self, step: int, span: StageSpan) -> dict:
+    exp = self.exp
+    return dict(step=int(step), stage=span.stage.name, stage_index=span.index, method=exp.method.name,
+                ncjax_version=ncjax.__version__, git=ckpt_lib.git_hash(), config=to_json_dict(self.config),
+                tokenizer=exp.tokenizer.to_json(), noise_sha256=exp.train_data.noise_sha256,
+                steps_per_epoch=exp.steps_per_epoch, num_examples=exp.train_data.num_examples,
+                state_capacity=self.capacity)
+
+  def save(self, state, step: int, span: StageSpan, force: bool = False):
+    self.checkpointer.save(step, state, self.meta(step, span), self.exp.train_data.iterator_state(step), force=force)
+
+  # --- the loop ------------------------------------------------------------------------------------------------
+  def run(self, until: int | None = None, evaluate=None):
+    """Train to the end (or to step `until`). `evaluate(step, state)` runs periodic evaluators if given."""
+    cfg, exp = self.config, self.exp
+    state, span = self.restore_or_init()
+    start = int(jax.device_get(state["step"]))
+    stop = self.total_steps if until is None else min(until, self.total_steps)
+    writer = MetricWriter(self.workdir, tensorboard=cfg.log.tensorboard)
+    progress = Progress(stop, start, cfg.input.global_batch_size, enabled=cfg.log.progress,
+                        every_steps=cfg.log.every_steps)
+    pending = None  # (step, ids, metrics on device): checked one step late so the host never stalls the device
+    last_metrics: dict = {}
+    t_last, n_last = time.perf_counter(), start
+    try:
+      for step in range(start, stop):
+        target = span_at(self.spans, step)
+        if target.index != span.index:
+          state, span = self.switch_stage(state, target), target
+        prog = self.program(span)
+        batch, ids = exp.train_data.global_batch(step)
+        state, metrics = prog.step(state, batch)
+        if pending is not None:
+          last_metrics = self._check_and_log(pending, writer, progress, (t_last, n_last))
+          if pending[0] % cfg.log.every_steps == 0:
+            t_last, n_last = time.perf_counter(), pending[0]
+        pending = (step + 1, ids, metrics)
+        if exp.method.has_end_of_epoch and (step + 1) % exp.steps_per_epoch == 0:
+          epoch = (step + 1) // exp.steps_per_epoch - 1
+          mstate = self.end_of_epoch_fn()(state["params"], state["method_state"], jnp.asarray(epoch, jnp.int32))
+          state = dict(state, method_state=mstate)
+        if cfg.ckpt.every_steps and (step + 1) % cfg.ckpt.every_steps == 0:
+          self.save(state, step + 1, span)
+        if evaluate is not None:
+          evaluate(step + 1, state, writer)
+      if pending is not None:
+        last_metrics = self._check_and_log(pending, writer, progress, (t_last, n_last), final=True)
+      if cfg.ckpt.save_at_end and stop > start:
+        self.save(state, stop, span, force=True)
+    finally:
+      self.checkpointer.wait()
+      progress.close()
+      writer.close()
+    return TrainResult(state=state, experiment=exp, metrics=last_metrics, trainer=self)
+
+  def _check_and_log(self, pending, writer, progress, since, final: bool = False) -> dict:
+    done, ids, metrics = pending
+    host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    losses = {k: v for k, v in host.items() if k == "loss" or k.endswith("/loss")}
+    if not all(math.isfinite(v) for v in losses.values()):
+      bad = losses
+      raise FloatingPointError(f"non-finite loss at step {done - 1} ({bad}); example ids of that global batch: "
+                               f"{np.sort(ids).tolist()}")
+    progress.update(done, host)
+    if done % self.config.log.every_steps == 0 or final:
+      t0, n0 = since
+      dt = time.perf_counter() - t0
+      if done > n0 and dt > 0:
+        host["examples_per_sec"] = (done - n0) * self.config.input.global_batch_size / dt
+      host["epoch"] = done / self.exp.steps_per_epoch
+      writer.write(done, host)
+    return host
+
+
+@dataclasses.dataclass
+class TrainResult:
+  state: dict
+  experiment: Experiment
+  metrics: dict
+  trainer: Trainer
+
+  @property
+  def params(self):
+    return self.state["params"]
+
+
+def overlay_params(params, source: str, abstract_params, param_sh):
+  """Initialise modules from another run's checkpoint: every top-level module present in both is copied
+  (shapes must agree); modules the source lacks (e.g. NCU's prompt) keep their fresh initialisation."""
+  src, _, step = ckpt_lib.restore_params(source)
+  out = dict(params)
+  copied = []
+  for name, sub in src.items():
+    if name not in params:
+      continue
+    want = jax.tree.map(lambda a: a.shape, abstract_params[name])
+    got = jax.tree.map(lambda a: tuple(np.shape(a)), sub)
+    if jax.tree.structure(want) != jax.tree.structure(got) or jax.tree.leaves(want) != jax.tree.leaves(got):
+      raise ValueError(f"module {name!r} of {source} (step {step}) does not match this model's shapes")
+    out[name] = jax.tree.map(lambda a, s: jax.device_put(np.asarray(a), s), sub, param_sh[name])
+    copied.append(name)
+  if not copied:
+    raise ValueError(f"checkpoint {source} shares no module with this method (it has {sorted(src)})")
+  log.info("initialised %s from %s (step %d)", copied, source, step)
+  return out
+
+
+def train(config, workdir: str, *, devices=None, until: int | None = None, evaluate=None) -> TrainResult:
+  return Trainer(config, workdir, devices=devices).run(until=until, evaluate=evaluate)
