@@ -24,4 +24,6 @@ def get_config(arg=None):
   c.optim.weight_decay = 0.1
   c.optim.warmup_steps = 20
   c.log.every_steps = 10
+  c.evals.zeroshot = dict(type="zeroshot", split="test", templates="digits", every_steps=0)
+  c.evals.retrieval = dict(type="retrieval", split="test", every_steps=0)
   return config_lib.lock(c)

@@ -178,11 +178,11 @@ class StageProgram:
       prefix = "" if len(stage.updates) == 1 else f"{upd.name}/"
       metrics.update({prefix + key: v for key, v in scalar_metrics(m).items()})
       metrics[prefix + "loss"] = jnp.asarray(loss, jnp.float32)
-      metrics[prefix + "grad_norm"] = optax.global_norm(grads)
+      metrics[prefix + "grad_norm"] = optax.tree.norm(grads)
       rel = step - self.span.start
       for label, lr in optim_lib.group_learning_rates(upd, optim_cfg, self.span.steps, rel).items():
         metrics[f"{prefix}lr/{label}"] = jnp.asarray(lr, jnp.float32)
-    metrics["param_norm"] = optax.global_norm(params)
+    metrics["param_norm"] = optax.tree.norm(params)
     return dict(step=step + 1, params=params, opt_state=new_opt, method_state=mstate), metrics
 
 

@@ -1,0 +1,111 @@
+import numpy as np
+import jax
+import jax.numpy as jnp
+import pytest
+
+from ncjax.losses import contrastive
+
+
+def _normalise(x):
+  return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _logsumexp(a, axis):
+  m = a.max(axis=axis, keepdims=True)
+  return (m + np.log(np.exp(a - m).sum(axis=axis, keepdims=True))).squeeze(axis)
+
+
+def numpy_infonce(v, t, logit_scale, w=None):
+  logits = np.exp(logit_scale) * v.astype(np.float64) @ t.astype(np.float64).T
+  d = np.diag(logits)
+  per = 0.5 * ((_logsumexp(logits, 1) - d) + (_logsumexp(logits, 0) - d))
+  return float(np.mean(per if w is None else w * per))
+
+
+def numpy_sigmoid(v, t, logit_scale, bias):
+  logits = np.exp(logit_scale) * v.astype(np.float64) @ t.astype(np.float64).T + bias
+  z = 2 * np.eye(len(v)) - 1
+  return float(np.sum(np.logaddexp(0.0, -z * logits)) / len(v))
+
+
+@pytest.mark.parametrize("n,d,seed", [(8, 4, 0), (64, 32, 1), (257, 16, 2)])
+def test_infonce_matches_numpy(n, d, seed):
+  rng = np.random.default_rng(seed)
+  v = _normalise(rng.normal(size=(n, d))).astype(np.float32)
+  t = _normalise(rng.normal(size=(n, d))).astype(np.float32)
+  w = rng.uniform(size=n).astype(np.float32)
+  ls = np.log(1 / 0.07)
+  loss, metrics = contrastive.infonce(v, t, ls)
+  np.testing.assert_allclose(float(loss), numpy_infonce(v, t, ls), rtol=1e-5)
+  loss_w, _ = contrastive.infonce(v, t, ls, weights=w)
+  np.testing.assert_allclose(float(loss_w), numpy_infonce(v, t, ls, w), rtol=1e-5)
+  assert metrics["per_pair_loss"].shape == (n,)
+
+
+def test_infonce_hand_values():
+  # Orthonormal pairs, perfectly aligned: each row is [s, 0, ..., 0] -> loss = log(1 + (N-1) e^{-s}).
+  n = 4
+  e = np.eye(n, dtype=np.float32)
+  s = 3.0  # moderate: lse - diagonal cancels in float32 for large s
+  loss, m = contrastive.infonce(e, e, np.log(s))
+  assert float(loss) == pytest.approx(np.log(1 + (n - 1) * np.exp(-s)), rel=2e-6)
+  assert float(m["acc_i2t"]) == 1.0 and float(m["acc_t2i"]) == 1.0
+  # All embeddings identical: every logit equal -> loss = log N exactly.
+  same = np.ones((n, 3), np.float32) / np.sqrt(3)
+  loss, _ = contrastive.infonce(same, same, np.log(20.0))
+  assert float(loss) == pytest.approx(np.log(n), rel=1e-6)
+  # Swapped pairs (a perfect anti-alignment on the diagonal): 2 pairs, scale 1.
+  v = np.array([[1, 0], [0, 1]], np.float32)
+  t = np.array([[0, 1], [1, 0]], np.float32)
+  loss, _ = contrastive.infonce(v, t, 0.0)
+  assert float(loss) == pytest.approx(np.log(1 + np.e), rel=1e-6)
+
+
+def test_infonce_unit_weights_equal_unweighted_and_grad_finite_on_zero_vectors():
+  rng = np.random.default_rng(3)
+  v = _normalise(rng.normal(size=(16, 8))).astype(np.float32)
+  t = _normalise(rng.normal(size=(16, 8))).astype(np.float32)
+  a, _ = contrastive.infonce(v, t, 2.0)
+  b, _ = contrastive.infonce(v, t, 2.0, weights=np.ones(16, np.float32))
+  assert float(a) == pytest.approx(float(b), rel=1e-7)
+  zeros = np.zeros((16, 8), np.float32)
+  g = jax.grad(lambda x: contrastive.infonce(x, zeros, 2.0)[0])(jnp.asarray(v))
+  assert np.isfinite(np.asarray(g)).all()
+
+
+def test_infonce_shape_errors():
+  with pytest.raises(ValueError, match="must both be"):
+    contrastive.infonce(np.zeros((4, 3)), np.zeros((5, 3)), 0.0)
+  with pytest.raises(ValueError, match="weights must have shape"):
+    contrastive.infonce(np.zeros((4, 3)), np.zeros((4, 3)), 0.0, weights=np.ones(3))
+
+
+@pytest.mark.parametrize("n,seed", [(8, 0), (100, 1)])
+def test_sigmoid_matches_numpy(n, seed):
+  rng = np.random.default_rng(seed)
+  v = _normalise(rng.normal(size=(n, 16))).astype(np.float32)
+  t = _normalise(rng.normal(size=(n, 16))).astype(np.float32)
+  loss, _ = contrastive.sigmoid(v, t, np.log(10.0), -10.0)
+  np.testing.assert_allclose(float(loss), numpy_sigmoid(v, t, np.log(10.0), -10.0), rtol=1e-5)
+
+
+def test_sigmoid_hand_value():
+  # One pair, cosine 1, scale 1, bias 0: -log sigmoid(1).
+  loss, _ = contrastive.sigmoid(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32), 0.0, 0.0)
+  assert float(loss) == pytest.approx(np.log1p(np.exp(-1.0)), rel=1e-6)
+
+
+def test_losses_sharded_equal_unsharded(devices):
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from ncjax.sharding import make_mesh
+  import ml_collections
+  mesh = make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1)))
+  rng = np.random.default_rng(5)
+  v = _normalise(rng.normal(size=(64, 16))).astype(np.float32)
+  t = _normalise(rng.normal(size=(64, 16))).astype(np.float32)
+  sh = NamedSharding(mesh, P(("data", "fsdp")))
+  f = jax.jit(jax.value_and_grad(lambda a, b: contrastive.infonce(a, b, 2.0)[0]))
+  l1, g1 = f(jax.device_put(v, sh), jax.device_put(t, sh))
+  l0, g0 = jax.jit(jax.value_and_grad(lambda a, b: contrastive.infonce(a, b, 2.0)[0]))(v, t)
+  np.testing.assert_allclose(float(l1), float(l0), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(g1), np.asarray(g0), atol=1e-7)

@@ -1,0 +1,149 @@
+import json
+import os
+
+import numpy as np
+import jax
+import pytest
+
+from conftest import tiny_clip_config
+import toy_methods  # noqa: F401  (registers the test methods)
+from ncjax import train
+
+
+def _params(result):
+  return jax.tree.map(np.asarray, jax.device_get(result.params))
+
+
+def _assert_trees_equal(a, b, exact=True, atol=0.0):
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(la, lb):
+    if exact:
+      np.testing.assert_array_equal(x, y)
+    else:
+      np.testing.assert_allclose(x, y, atol=atol, rtol=0)
+
+
+def _changed(before, after):
+  return [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after))]
+
+
+def test_sharded_step_equals_single_device_step(tmp_path, devices):
+  cfg = tiny_clip_config(total_steps=3)
+  sharded = train.train(cfg, str(tmp_path / "eight"))
+  single = train.train(cfg, str(tmp_path / "one"), devices=devices[:1])
+  assert sharded.experiment.mesh.devices.size == 8 and single.experiment.mesh.devices.size == 1
+  _assert_trees_equal(_params(sharded), _params(single), exact=False, atol=2e-5)
+  assert sharded.metrics["loss"] == pytest.approx(single.metrics["loss"], rel=1e-5)
+
+
+def test_fsdp_mesh_matches_data_parallel(tmp_path):
+  cfg = tiny_clip_config(total_steps=2)
+  dp = train.train(cfg, str(tmp_path / "dp"))
+  cfg2 = tiny_clip_config(total_steps=2, **{"mesh.fsdp": 2})
+  fsdp = train.train(cfg2, str(tmp_path / "fsdp"))
+  shardings = [x.sharding.spec for x in jax.tree.leaves(fsdp.params)]
+  assert any("fsdp" in str(s) for s in shardings), "some parameter should be split over the fsdp axis"
+  _assert_trees_equal(_params(dp), _params(fsdp), exact=False, atol=2e-5)
+
+
+def test_resume_is_bitwise_identical_to_uninterrupted(tmp_path):
+  cfg = tiny_clip_config(total_steps=6)
+  full = train.train(cfg, str(tmp_path / "full"))
+  first = train.train(cfg, str(tmp_path / "resumed"), until=3)
+  assert int(first.state["step"]) == 3
+  resumed = train.train(cfg, str(tmp_path / "resumed"))
+  assert int(resumed.state["step"]) == 6
+  _assert_trees_equal(_params(full), _params(resumed), exact=True)
+  _assert_trees_equal(jax.device_get(full.state["opt_state"]), jax.device_get(resumed.state["opt_state"]))
+  meta_dir = tmp_path / "resumed" / "checkpoints" / "6"
+  meta = json.loads((meta_dir / "meta" / "metadata").read_text())
+  assert meta["step"] == 6 and meta["method"] == "clip" and meta["noise_sha256"]
+  assert meta["config"]["noise"]["ratio"] == 0.4 and meta["tokenizer"]["kind"] == "word"
+  data_state = json.loads((meta_dir / "data" / "metadata").read_text())
+  assert data_state["next_step"] == 6
+
+
+def test_batch_not_divisible_by_devices_is_a_clear_error(tmp_path):
+  cfg = tiny_clip_config(**{"input.global_batch_size": 60})
+  with pytest.raises(ValueError, match="global batch size 60 is not divisible by the 8 devices"):
+    train.Trainer(cfg, str(tmp_path))
+
+
+def test_non_finite_loss_names_step_and_batch_ids(tmp_path):
+  cfg = tiny_clip_config(total_steps=4, **{"optim.lr": 1e30, "optim.grad_clip_norm": 0.0, "optim.warmup_steps": 0})
+  with pytest.raises(FloatingPointError, match=r"non-finite loss at step \d+ .*example ids of that global batch"):
+    train.train(cfg, str(tmp_path))
+
+
+def test_freeze_regex_keeps_parameters_fixed(tmp_path):
+  cfg = tiny_clip_config(total_steps=2, **{"optim.freeze": r"model/img/.*|model/logit_scale"})
+  trainer = train.Trainer(cfg, str(tmp_path))
+  init = jax.device_get(trainer.init_params())
+  result = trainer.run()
+  after = jax.device_get(result.params)
+  for x, y in zip(jax.tree.leaves(init["model"]["img"]), jax.tree.leaves(after["model"]["img"])):
+    np.testing.assert_array_equal(x, y)
+  assert float(init["model"]["logit_scale"]) == float(after["model"]["logit_scale"])
+  assert any(_changed(init["model"]["txt"], after["model"]["txt"]))
+
+
+def test_two_stage_schedule_switches_frozen_sets_and_resumes_across_the_boundary(tmp_path):
+  cfg = tiny_clip_config(**{"method.name": "test_two_stage"})
+  trainer = train.Trainer(cfg, str(tmp_path / "a"))
+  spe = trainer.exp.steps_per_epoch
+  init = jax.device_get(trainer.init_params())
+  stage_a = trainer.run(until=spe)
+  pa = jax.device_get(stage_a.params)
+  assert not any(_changed(init["model"]["img"], pa["model"]["img"]))
+  assert any(_changed(init["model"]["txt"], pa["model"]["txt"]))
+  # Resume exactly at the stage boundary: the checkpoint holds stage a's optimiser, stage b starts afresh.
+  done = train.train(cfg, str(tmp_path / "a"))
+  pb = jax.device_get(done.params)
+  assert not any(_changed(pa["model"]["txt"], pb["model"]["txt"]))
+  assert any(_changed(pa["model"]["img"], pb["model"]["img"]))
+  straight = train.train(cfg, str(tmp_path / "b"))
+  _assert_trees_equal(_params(straight), _params(done), exact=True)
+
+
+def test_per_sample_state_and_end_of_epoch_hook(tmp_path):
+  cfg = tiny_clip_config(**{"method.name": "test_epoch_state"})
+  result = train.train(cfg, str(tmp_path))
+  exp = result.experiment
+  state = jax.device_get(result.state["method_state"])
+  assert int(state["epochs"]) == 2  # the hook ran once per epoch
+  seen = state["seen"]
+  assert seen.shape[0] % 8 == 0 and seen.shape[0] >= exp.train_data.num_examples
+  per_epoch = exp.steps_per_epoch * exp.train_data.global_batch_size
+  assert seen.sum() == 2 * per_epoch
+  # Each epoch is a permutation: nobody is seen more than twice in two epochs.
+  assert seen.max() <= 2
+  ms_sharding = result.state["method_state"]["seen"].sharding
+  assert len(ms_sharding.device_set) == 8  # per-sample state is sharded over all devices
+  ids = np.concatenate([exp.train_data.indices(s) for s in range(2 * exp.steps_per_epoch)])
+  np.testing.assert_array_equal(np.bincount(ids, minlength=seen.shape[0]), seen)
+
+
+def test_alternating_updates_train_only_their_own_groups(tmp_path):
+  cfg = tiny_clip_config(total_steps=2, **{"method.name": "test_alternating"})
+  with cfg.unlocked():
+    cfg.method.freeze_encoder_in_enc_update = True
+  trainer = train.Trainer(cfg, str(tmp_path / "frozen"))
+  init = jax.device_get(trainer.init_params())
+  res = trainer.run()
+  after = jax.device_get(res.params)
+  assert not any(_changed(init["model"], after["model"]))
+  assert all(_changed(init["disc"], after["disc"]))
+  assert "disc/loss" in res.metrics and "enc/loss" in res.metrics
+  cfg2 = tiny_clip_config(total_steps=2, **{"method.name": "test_alternating"})
+  res2 = train.train(cfg2, str(tmp_path / "both"))
+  assert any(_changed(init["model"], jax.device_get(res2.params)["model"]))
+
+
+def test_metrics_jsonl_has_loss_norms_and_throughput(tmp_path):
+  cfg = tiny_clip_config(total_steps=4, **{"log.every_steps": 2})
+  train.train(cfg, str(tmp_path))
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows] == [2, 4]
+  for key in ("loss", "grad_norm", "param_norm", "examples_per_sec", "lr/default"):
+    assert key in rows[-1]
