@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ncjax.data import digits
+from ncjax.data import digits, synthetic
 from ncjax.data.types import PairSplit
 
-DATASETS = {"digits": digits.load}
+DATASETS = {"digits": digits.load, "synthetic": synthetic.load}
 
 
 def load_split(input_config, split: str, image_size: int) -> PairSplit:

@@ -12,8 +12,8 @@ SIZES: dict[str, dict] = {
     "ViT-L/14": dict(embed_dim=768, image=dict(image_size=224, patch_size=14, width=1024, depth=24, heads=16),
                      text=dict(width=768, depth=12, heads=12, context_length=77, vocab_size=49408)),
     # CPU sizes: vocabulary and context come from the tokenizer / data (word-level vocabularies are small).
-    "small": dict(embed_dim=256, image=dict(image_size=32, patch_size=4, width=256, depth=6, heads=4),
-                  text=dict(width=256, depth=4, heads=4, context_length=32, vocab_size=None)),
+    "small": dict(embed_dim=128, image=dict(image_size=32, patch_size=4, width=128, depth=4, heads=4),
+                  text=dict(width=128, depth=4, heads=4, context_length=32, vocab_size=None)),
     "tiny": dict(embed_dim=64, image=dict(image_size=16, patch_size=4, width=64, depth=2, heads=2),
                  text=dict(width=64, depth=2, heads=2, context_length=16, vocab_size=None)),
 }

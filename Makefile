@@ -1,0 +1,28 @@
+# Fresh machine: `make demo` and `make test` each create .venv (if missing) and install ncjax into it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ncjax-installed
+
+.PHONY: demo test test-all bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m ncjax.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) demo_out bench_results *.egg-info

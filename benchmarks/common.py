@@ -1,0 +1,68 @@
+"""Timing helpers shared by the benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+import jax
+import numpy as np
+
+RESULTS_DIR = os.environ.get("NCJAX_BENCH_DIR", "bench_results")
+
+
+def block(x):
+  return jax.tree.map(lambda a: a.block_until_ready() if hasattr(a, "block_until_ready") else a, x)
+
+
+def time_fn(fn, *args, warmup: int = 1, repeats: int = 3, min_time: float = 0.0):
+  """Median wall time of fn(*args) over `repeats` runs after `warmup` runs (compile excluded)."""
+  for _ in range(warmup):
+    block(fn(*args))
+  times = []
+  t_start = time.perf_counter()
+  while len(times) < repeats or (time.perf_counter() - t_start) < min_time:
+    t = time.perf_counter()
+    block(fn(*args))
+    times.append(time.perf_counter() - t)
+  return float(np.median(times)), times
+
+
+def compiled_flops(jitted, *args, partitions: int = 1) -> float | None:
+  """FLOPs of one call. XLA's cost analysis of an SPMD-partitioned program counts one partition, so pass the
+  number of devices the program is split over (`partitions`) to get the whole step's count."""
+  try:
+    cost = jitted.lower(*args).compile().cost_analysis()
+  except Exception:  # cost analysis is best-effort on some backends
+    return None
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0]
+  flops = float(cost.get("flops", 0.0)) if cost else 0.0
+  return flops * partitions if flops > 0 else None
+
+
+def machine() -> dict:
+  dev = jax.devices()
+  return dict(platform=dev[0].platform, device_kind=dev[0].device_kind, n_devices=len(dev),
+              cpu_count=os.cpu_count(), python=platform.python_version(), jax=jax.__version__)
+
+
+def write(name: str, payload: dict) -> str:
+  os.makedirs(RESULTS_DIR, exist_ok=True)
+  path = os.path.join(RESULTS_DIR, f"{name}.json")
+  with open(path, "w") as f:
+    json.dump(dict(payload, machine=machine(), time=time.time()), f, indent=1)
+  return path
+
+
+def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+  """columns: (key, header, format)."""
+  heads = [h for _, h, _ in columns]
+  cells = [[("-" if r.get(k) is None else format(r[k], fmt)) for k, _, fmt in columns] for r in rows]
+  widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(heads)]
+  line = "  ".join(h.rjust(w) for h, w in zip(heads, widths))
+  out = [line, "-" * len(line)]
+  out += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+  return "\n".join(out)

@@ -1,0 +1,31 @@
+"""`make bench`: every benchmark suite, in one process on 8 simulated devices (or the accelerator if present)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--suites", default="foundation", help="comma-separated suites to run")
+  parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run of the benchmarks)")
+  args = parser.parse_args(argv)
+  import jax
+  # Simulated devices only matter on a CPU-only host; on an accelerator the default backend is the accelerator.
+  jax.config.update("jax_num_cpu_devices", int(os.environ.get("NCJAX_BENCH_CPU_DEVICES", "8")))
+  import absl.logging
+  absl.logging.set_verbosity(absl.logging.WARNING)
+  from benchmarks import foundation
+  suites = {"foundation": foundation.run}
+  for name in args.suites.split(","):
+    if name not in suites:
+      raise SystemExit(f"unknown suite {name!r}; suites: {sorted(suites)}")
+    print(f"\n######## {name}")
+    suites[name](quick=args.quick)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

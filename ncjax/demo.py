@@ -1,0 +1,111 @@
+"""`make demo`: CLIP trained on the embedded digits data with 40% noisy captions, on 8 simulated CPU devices.
+
+Prints one results table: zero-shot top-1 on the test split (class prompt ensemble), image->text and text->image
+R@1, and how well each model's clean score (its pair similarity) separates the noisy training pairs (ROC-AUC
+against the ground-truth clean flags, which the training losses never see). A clean-caption CLIP row is the
+reference. Later methods add rows through `ROWS`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+RESULTS_DIR = os.environ.get("NCJAX_DEMO_DIR", "demo_out")
+
+
+def _setup_jax():
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  import jax
+  jax.config.update("jax_num_cpu_devices", 8)
+  import absl.logging
+  absl.logging.set_verbosity(absl.logging.WARNING)
+  return jax
+
+
+def _load_config(name: str, arg: str):
+  import importlib.util
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  path = os.path.join(root, "configs", f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(arg)
+
+
+def train_clean_scores(result):
+  """Per-training-pair similarity (the pair as the loss saw it) and the ground-truth clean flags."""
+  import numpy as np
+  from ncjax.evals import common
+  exp = result.experiment
+  td = exp.train_data
+  em = exp.method.eval_model(result.params)
+  img = common.embed_images(em, td.split.images, 512, exp.mesh)
+  txt = common.embed_texts(em, td.tokens, 512, exp.mesh)
+  paired = np.einsum("nd,nd->n", img[td.caption_to_image], txt) if exp.config.model.geometry == "sphere" else \
+      np.asarray(em.score(img[td.caption_to_image][:, None], txt[:, None]))[:, 0, 0]
+  return paired, td.clean
+
+
+def run_row(name: str, config_name: str, arg: str, **overrides):
+  from ncjax import main as main_lib, train
+  from ncjax.evals import noise as noise_metrics
+  cfg = _load_config(config_name, arg)
+  with cfg.unlocked():
+    cfg.log.progress = True
+    for key, value in overrides.items():
+      node = cfg
+      *parents, leaf = key.split(".")
+      for p in parents:
+        node = node[p]
+      node[leaf] = value
+  workdir = os.path.join(RESULTS_DIR, name.replace(" ", "_").replace("%", "pct"))
+  shutil.rmtree(workdir, ignore_errors=True)
+  print(f"\n== {name}: {config_name}.py:{arg}", flush=True)
+  t0 = time.perf_counter()
+  result = train.train(cfg, workdir)
+  seconds = time.perf_counter() - t0
+  evals = main_lib.final_evaluation(cfg, result, workdir)
+  scores, clean = train_clean_scores(result)
+  det = noise_metrics.detection_metrics(scores, clean)
+  return dict(name=name, noise=cfg.noise.ratio, zeroshot=evals["zeroshot"]["acc1"],
+              i2t=evals["retrieval"]["i2t_R@1"], t2i=evals["retrieval"]["t2i_R@1"],
+              rsum=evals["retrieval"]["rsum"], auc=det["auc"], seconds=seconds)
+
+
+ROWS = [
+    ("CLIP (clean captions)", "clip", "noise=0.0"),
+    ("CLIP (40% noisy)", "clip", "noise=0.4"),
+]
+
+
+def format_table(rows) -> str:
+  head = f"{'method':<26} {'noise':>5} {'zero-shot':>9} {'i2t R@1':>8} {'t2i R@1':>8} {'rsum':>7} " \
+         f"{'noise AUC':>9} {'time':>7}"
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    auc = "-" if r["auc"] != r["auc"] else f"{r['auc']:.3f}"
+    lines.append(f"{r['name']:<26} {r['noise']:>5.0%} {100 * r['zeroshot']:>8.1f}% {r['i2t']:>7.1f}% "
+                 f"{r['t2i']:>7.1f}% {r['rsum']:>7.1f} {auc:>9} {r['seconds']:>6.0f}s")
+  return "\n".join(lines)
+
+
+def main():
+  jax = _setup_jax()
+  print(f"ncjax demo: digits image-caption pairs on {len(jax.devices())} simulated CPU devices", flush=True)
+  t0 = time.perf_counter()
+  rows = [run_row(*row) for row in ROWS]
+  table = format_table(rows)
+  print("\nResults (digits test split: 359 images, 718 captions; noise AUC over the training pairs)\n")
+  print(table)
+  os.makedirs(RESULTS_DIR, exist_ok=True)
+  with open(os.path.join(RESULTS_DIR, "results.md"), "w") as f:
+    f.write(table + "\n")
+  print(f"\ntotal {time.perf_counter() - t0:.0f}s; workdirs and results.md under {RESULTS_DIR}/")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
