@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, load_config
+from helpers import ROOT, load_config
 from ncjax.config_lib import parse_arg
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import jax
 import pytest
 
-from conftest import tiny_clip_config
+from helpers import tiny_clip_config
 import toy_methods  # noqa: F401  (registers the test methods)
 from ncjax import train
 

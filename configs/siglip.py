@@ -1,0 +1,31 @@
+"""SigLIP (pairwise sigmoid loss with a learnable bias; Zhai et al., 2023).
+
+  python -m ncjax.main --config=configs/siglip.py:model=tiny,noise=0.4 --workdir=/tmp/siglip
+The paper's initialisation: logit_scale = log(10), bias = -10.
+"""
+
+import math
+
+from ncjax import config_lib
+
+
+def get_config(arg=None):
+  a = config_lib.parse_arg(arg, model="tiny", data="digits", noise=0.0, batch=256, epochs=40, bf16=False,
+                           lr=1e-3)
+  c = config_lib.base_config()
+  c.method.name = "siglip"
+  c.model.size = a.model
+  c.model.dtype = "bfloat16" if a.bf16 else "float32"
+  c.model.logit_scale_init = math.log(10.0)
+  c.model.logit_bias_init = -10.0
+  c.input.dataset = a.data
+  c.input.global_batch_size = a.batch
+  c.num_epochs = a.epochs
+  if a.noise > 0:
+    c.noise.kind, c.noise.ratio = "caption_shuffle", a.noise
+  c.optim.lr = a.lr
+  c.optim.weight_decay = 0.1
+  c.optim.warmup_steps = 20
+  c.evals.zeroshot = dict(type="zeroshot", split="test", templates="digits", every_steps=0)
+  c.evals.retrieval = dict(type="retrieval", split="test", every_steps=0)
+  return config_lib.lock(c)
