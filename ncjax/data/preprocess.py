@@ -1,0 +1,92 @@
+"""Image preprocessing matching CLIP evaluation, and training augmentation.
+
+Evaluation (open_clip / CLIP_benchmark): resize the shortest side to `size` with bicubic interpolation (PIL, which
+antialiases when downsampling, like torchvision's PIL path), centre crop `size` x `size` (torchvision's rounding),
+scale to [0, 1], normalise with the model's mean/std. Training: random resized crop (scale and aspect-ratio ranges
+as torchvision's RandomResizedCrop, open_clip's default scale (0.9, 1.0)), bicubic, same normalisation. Randomness
+comes from an explicit numpy Generator so a (seed, step, position) reproduces the crop exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from PIL import Image
+
+NORMALIZATION = {
+    "openai": ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)),
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),   # MERU
+    "siglip": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),                 # big_vision / SigLIP: [-1, 1]
+}
+
+
+def _to_pil(image) -> Image.Image:
+  if isinstance(image, Image.Image):
+    return image.convert("RGB")
+  arr = np.asarray(image)
+  if arr.ndim == 2:
+    arr = np.repeat(arr[..., None], 3, axis=-1)
+  return Image.fromarray(arr.astype(np.uint8)).convert("RGB")
+
+
+def normalize(pixels_uint8: np.ndarray, normalization: str = "openai") -> np.ndarray:
+  if normalization not in NORMALIZATION:
+    raise ValueError(f"unknown normalisation {normalization!r}; known: {sorted(NORMALIZATION)}")
+  mean, std = NORMALIZATION[normalization]
+  x = pixels_uint8.astype(np.float32) / 255.0
+  return (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+
+
+def resize_shortest_side(img: Image.Image, size: int) -> Image.Image:
+  w, h = img.size
+  if min(w, h) == size:
+    return img
+  if w <= h:
+    new_w, new_h = size, int(size * h / w)
+  else:
+    new_w, new_h = int(size * w / h), size
+  return img.resize((new_w, new_h), Image.BICUBIC)
+
+
+def center_crop(img: Image.Image, size: int) -> Image.Image:
+  w, h = img.size
+  top = int(round((h - size) / 2.0))
+  left = int(round((w - size) / 2.0))
+  return img.crop((left, top, left + size, top + size))
+
+
+def eval_transform(image, size: int, normalization: str = "openai") -> np.ndarray:
+  """CLIP's evaluation transform -> float32 (size, size, 3)."""
+  img = center_crop(resize_shortest_side(_to_pil(image), size), size)
+  return normalize(np.asarray(img), normalization)
+
+
+def random_resized_crop_box(rng: np.random.Generator, width: int, height: int, scale=(0.9, 1.0),
+                            ratio=(3 / 4, 4 / 3)):
+  """torchvision's RandomResizedCrop.get_params: (left, top, w, h); falls back to a centre crop."""
+  area = width * height
+  log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+  for _ in range(10):
+    target = area * rng.uniform(scale[0], scale[1])
+    aspect = math.exp(rng.uniform(*log_ratio))
+    w = int(round(math.sqrt(target * aspect)))
+    h = int(round(math.sqrt(target / aspect)))
+    if 0 < w <= width and 0 < h <= height:
+      return int(rng.integers(0, width - w + 1)), int(rng.integers(0, height - h + 1)), w, h
+  in_ratio = width / height
+  if in_ratio < ratio[0]:
+    w, h = width, int(round(width / ratio[0]))
+  elif in_ratio > ratio[1]:
+    h, w = height, int(round(height * ratio[1]))
+  else:
+    w, h = width, height
+  return (width - w) // 2, (height - h) // 2, w, h
+
+
+def train_transform(image, size: int, rng: np.random.Generator, normalization: str = "openai",
+                    scale=(0.9, 1.0)) -> np.ndarray:
+  img = _to_pil(image)
+  left, top, w, h = random_resized_crop_box(rng, img.size[0], img.size[1], scale)
+  img = img.resize((size, size), Image.BICUBIC, box=(left, top, left + w, top + h))
+  return normalize(np.asarray(img), normalization)

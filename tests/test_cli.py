@@ -1,0 +1,30 @@
+import json
+import os
+import subprocess
+import sys
+
+from helpers import ROOT
+
+
+def test_cli_trains_siglip_with_periodic_evals_tensorboard_and_resume(tmp_path):
+  args = [sys.executable, "-m", "ncjax.main", "--config=configs/siglip.py:noise=0.4,batch=64,epochs=1",
+          f"--workdir={tmp_path}", "--cpu_devices=8", "--config.log.tensorboard=True",
+          "--config.evals.zeroshot.every_steps=4", "--config.log.every_steps=2", "--config.log.progress=False",
+          "--until_step=4"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  train_rows = [r for r in rows if r["kind"] == "train"]
+  eval_rows = [r for r in rows if r["kind"] == "eval"]
+  assert [r["step"] for r in train_rows] == [2, 4]
+  assert "logit_bias" in train_rows[-1] and "loss" in train_rows[-1]
+  assert [r["step"] for r in eval_rows] == [4] and 0.0 <= eval_rows[0]["zeroshot/acc1"] <= 1.0
+  assert any(f.startswith("events") for f in os.listdir(tmp_path / "tensorboard"))
+  assert json.loads((tmp_path / "eval" / "step_4.json").read_text())["results"]["retrieval"]["rsum"] >= 0
+  # Same command again (no --until_step): resumes from step 4 and finishes the epoch.
+  args[-1] = "--config.ckpt.keep=2"
+  out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  steps = sorted(int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit())
+  assert steps[0] == 4 and steps[-1] > 4
