@@ -81,12 +81,17 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.loss = ml_collections.ConfigDict()  # loss hyper-parameters of the method (methods add keys)
 
+  # dataset: 'digits', 'synthetic', or a built tfds dataset 'tfds:<builder>/<config>' under data_dir
+  # (e.g. 'tfds:karpathy/flickr30k', 'tfds:web_pairs/cc3m', 'tfds:precomp/f30k_precomp').
   c.input = ml_collections.ConfigDict(dict(
       dataset="digits", data_dir="", split="train", global_batch_size=256, shuffle_seed=0,
       eval_batch_size=512, min_word_count=1, on_bad_record="skip",
+      normalization="openai", augment=True, crop_scale=(0.9, 1.0), num_threads=8, prefetch=4,
   ))
 
   # Noise applied to the training pairs; the ground-truth clean flag is kept for diagnostics only.
+  # kind: 'none' | 'caption_shuffle' (NCR) | 'image_shuffle' (DECL) | 'file' (legacy .npy index) |
+  #       'in_batch_resample' (Bayesian CL: fresh pairs of every global batch get another pair's text).
   c.noise = ml_collections.ConfigDict(dict(
       kind="none", ratio=0.0, seed=0, derangement=False, file="",
   ))

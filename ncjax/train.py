@@ -32,7 +32,7 @@ from ncjax import models
 from ncjax import optim as optim_lib
 from ncjax import sharding as shard_lib
 from ncjax.config_lib import to_json_dict
-from ncjax.data.noise import NoisyIndex, load_noise_file, make_noisy_index
+from ncjax.data.noise import NoisyIndex, corrupt_batch, load_noise_file, make_noisy_index
 from ncjax.data.pipeline import TrainData
 from ncjax.logging_utils import MetricWriter, Progress
 from ncjax.methods.base import Method, Stage, scalar_metrics, strip_diagnostics
@@ -60,7 +60,12 @@ class Experiment:
 
 
 def build_noise(noise_config, caption_to_image) -> NoisyIndex | None:
+  """The static (dataset-level) noise index; None for no noise or for in-batch resampling (done in the step)."""
   kind = noise_config.kind
+  if kind == "in_batch_resample":
+    if not 0.0 < noise_config.ratio < 1.0:
+      raise ValueError(f"noise.kind='in_batch_resample' needs 0 < noise.ratio < 1, got {noise_config.ratio}")
+    return None
   if kind == "none":
     if noise_config.ratio:
       raise ValueError(f"noise.ratio={noise_config.ratio} but noise.kind='none'; set noise.kind "
@@ -73,7 +78,7 @@ def build_noise(noise_config, caption_to_image) -> NoisyIndex | None:
   levels = {"caption_shuffle": "caption", "image_shuffle": "image"}
   if kind not in levels:
     raise ValueError(f"unknown noise.kind {kind!r}; expected 'none', 'caption_shuffle' (NCR), "
-                     f"'image_shuffle' (DECL) or 'file'")
+                     f"'image_shuffle' (DECL), 'file' or 'in_batch_resample'")
   return make_noisy_index(caption_to_image, noise_config.ratio, noise_config.seed, level=levels[kind],
                           derangement=noise_config.derangement)
 
@@ -89,13 +94,20 @@ def build_tokenizer(config, captions, saved: dict | None = None):
   return WordTokenizer.build(captions, context_length=context, min_count=config.input.min_word_count)
 
 
+def build_train_data(config, split, tokenizer, mesh, noisy, subset=None) -> TrainData:
+  inp = config.input
+  return TrainData(split, tokenizer, inp.global_batch_size, inp.shuffle_seed, mesh, noisy, subset=subset,
+                   image_size=image_size_of(config.model), normalization=inp.normalization, augment=inp.augment,
+                   crop_scale=inp.crop_scale, on_bad_record=inp.on_bad_record, num_threads=inp.num_threads,
+                   prefetch=inp.prefetch)
+
+
 def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
   mesh = shard_lib.make_mesh(config.mesh, devices)
   split = data_lib.load_split(config.input, config.input.split, image_size_of(config.model))
   tokenizer = build_tokenizer(config, split.captions, saved_tokenizer)
   noisy = build_noise(config.noise, split.caption_to_image)
-  train_data = TrainData(split, tokenizer.encode(split.captions), config.input.global_batch_size,
-                         config.input.shuffle_seed, mesh, noisy)
+  train_data = build_train_data(config, split, tokenizer, mesh, noisy)
   method = build_method(config, tokenizer=tokenizer, num_examples=train_data.num_examples)
   return Experiment(config, mesh, tokenizer, train_data, method, noisy)
 
@@ -164,6 +176,11 @@ class StageProgram:
     method, stage, optim_cfg = self.exp.method, self.stage, self.exp.config.optim
     step = state["step"]
     rng = jax.random.fold_in(jax.random.PRNGKey(self.exp.config.seed), step)
+    noise_cfg = self.exp.config.noise
+    if noise_cfg.kind == "in_batch_resample":  # dynamic noise: fresh pairs every step, reproducible on resume
+      tokens, clean = corrupt_batch(jax.random.fold_in(jax.random.PRNGKey(noise_cfg.seed), step), batch["tokens"],
+                                    noise_cfg.ratio)
+      batch = dict(batch, tokens=tokens, clean=clean)
     method_batch = strip_diagnostics(batch)
     params, mstate = state["params"], state["method_state"]
     new_opt, metrics = {}, {}
@@ -282,19 +299,22 @@ class Trainer:
     pending = None  # (step, ids, metrics on device): checked one step late so the host never stalls the device
     last_metrics: dict = {}
     t_last, n_last = time.perf_counter(), start
+    skipped = 0
     try:
+      batches = exp.train_data.batches(start, stop)
       for step in range(start, stop):
         target = span_at(self.spans, step)
         if target.index != span.index:
           state, span = self.switch_stage(state, target), target
         prog = self.program(span)
-        batch, ids = exp.train_data.global_batch(step)
+        batch, ids, input_stats = next(batches)
+        skipped += input_stats["skipped_records"]
         state, metrics = prog.step(state, batch)
         if pending is not None:
           last_metrics = self._check_and_log(pending, writer, progress, (t_last, n_last))
           if pending[0] % cfg.log.every_steps == 0:
             t_last, n_last = time.perf_counter(), pending[0]
-        pending = (step + 1, ids, metrics)
+        pending = (step + 1, ids, metrics, skipped)
         if exp.method.has_end_of_epoch and (step + 1) % exp.steps_per_epoch == 0:
           epoch = (step + 1) // exp.steps_per_epoch - 1
           mstate = self.end_of_epoch_fn()(state["params"], state["method_state"], jnp.asarray(epoch, jnp.int32))
@@ -314,8 +334,9 @@ class Trainer:
     return TrainResult(state=state, experiment=exp, metrics=last_metrics, trainer=self)
 
   def _check_and_log(self, pending, writer, progress, since, final: bool = False) -> dict:
-    done, ids, metrics = pending
+    done, ids, metrics, skipped = pending
     host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    host["input/skipped_records"] = skipped
     losses = {k: v for k, v in host.items() if k == "loss" or k.endswith("/loss")}
     if not all(math.isfinite(v) for v in losses.values()):
       bad = losses

@@ -20,3 +20,22 @@ from helpers import ROOT, load_config, tiny_clip_config  # noqa: E402,F401  (re-
 def devices():
   assert len(jax.devices()) == 8, "tests expect 8 simulated CPU devices (tests/conftest.py)"
   return jax.devices()
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+  """Every builder built once from real-format fixtures (see tests/data_fixtures.py)."""
+  import data_fixtures as fx
+  from ncjax.data import tfds_builders
+  root = tmp_path_factory.mktemp("datasets")
+  data_dir = str(root / "tfds")
+  wds_caps = fx.write_webdataset(str(root / "wds"))
+  tfds_builders.build("web_pairs", "redcaps", str(root / "wds"), data_dir)
+  fx.write_karpathy(str(root / "f30k"))
+  tfds_builders.build("karpathy", "flickr30k", str(root / "f30k"), data_dir)
+  fx.write_precomp(str(root / "precomp"))
+  tfds_builders.build("precomp", "f30k_precomp", str(root / "precomp"), data_dir)
+  fx.write_precomp(str(root / "cc152k"), tsv=True)
+  tfds_builders.build("precomp", "cc152k_precomp", str(root / "cc152k"), data_dir)
+  tfds_builders.build("digits", None, None, data_dir)
+  return dict(root=root, data_dir=data_dir, wds_caps=wds_caps)

@@ -97,3 +97,23 @@ def load_noise_file(path: str, caption_to_image) -> NoisyIndex:
   if noisy.size and (noisy.min() < 0 or noisy.max() >= n_images):
     raise ValueError(f"noise file {path} refers to image {int(noisy.max())}, but the dataset has {n_images} images")
   return NoisyIndex(noisy, noisy == true, index_sha256(noisy), dict(level="file", path=path))
+
+
+def corrupt_batch(key, tokens, ratio: float):
+  """In-batch resampling (the Bayesian-CL protocol): floor(ratio * B) pairs of the global batch, chosen afresh every
+  step, get the text of another pair of the same batch (drawn uniformly among the other B - 1, so every chosen
+  pair really changes). Jittable; key it with fold_in(noise_seed, step) so resume reproduces it exactly.
+
+  Returns (tokens', clean) with clean[i] False for the corrupted pairs.
+  """
+  import jax
+  import jax.numpy as jnp
+  b = tokens.shape[0]
+  n_noisy = int(np.floor(ratio * b))
+  k_choose, k_source = jax.random.split(key)
+  chosen = jax.random.permutation(k_choose, b)[:n_noisy]
+  offsets = jax.random.randint(k_source, (n_noisy,), 1, b)
+  source = (chosen + offsets) % b
+  new_tokens = tokens.at[chosen].set(tokens[source])
+  clean = jnp.ones((b,), bool).at[chosen].set(False)
+  return new_tokens, clean

@@ -20,6 +20,7 @@ class PairSplit:
   image_ids: np.ndarray | None = None     # stable per-image ids (source row numbers)
   class_names: tuple[str, ...] = ()
   name: str = ""
+  image_meta: dict | None = None           # per-image metadata lists (e.g. 'subreddit' for RedCaps)
 
   def __post_init__(self):
     self.caption_to_image = np.asarray(self.caption_to_image, np.int64)

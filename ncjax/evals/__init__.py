@@ -54,6 +54,12 @@ class Evaluator(abc.ABC):
     dataset = self.cfg.get("dataset", "") or self.context.config.input.dataset
     return self.context.split(dataset, self.cfg.get("split", "test"))
 
+  def images(self, split):
+    from ncjax import data as data_lib
+    from ncjax.train import image_size_of
+    cfg = self.context.config
+    return data_lib.eval_images(split, image_size_of(cfg.model), cfg.input.normalization)
+
   @abc.abstractmethod
   def run(self, eval_model) -> dict:
     """Evaluate and return flat metrics."""
@@ -76,7 +82,7 @@ class ZeroShot(Evaluator):
     ctx = self.context
     weights = zeroshot.classifier(eval_model, ctx.tokenizer, split.class_names,
                                   templates_for(self.cfg.get("templates", "digits")), ctx.mesh, self.batch_size)
-    img = common.embed_images(eval_model, split.images, self.batch_size, ctx.mesh)
+    img = common.embed_images(eval_model, self.images(split), self.batch_size, ctx.mesh)
     scores = common.score_matrix(eval_model, img, weights)
     return zeroshot.accuracy(scores, split.image_labels, len(split.class_names))
 
@@ -87,7 +93,7 @@ class Retrieval(Evaluator):
   def run(self, eval_model) -> dict:
     split = self.data()
     ctx = self.context
-    img = common.embed_images(eval_model, split.images, self.batch_size, ctx.mesh)
+    img = common.embed_images(eval_model, self.images(split), self.batch_size, ctx.mesh)
     txt = common.embed_texts(eval_model, ctx.tokenizer.encode(split.captions), self.batch_size, ctx.mesh)
     sim = common.score_matrix(eval_model, img, txt)
     return retrieval.recall_at_k(sim, split.caption_to_image)

@@ -1,0 +1,64 @@
+"""Build a dataset from files you already have (ArrayRecord via tfds; TensorFlow is not needed).
+
+  python -m ncjax.data.build --dataset=karpathy/flickr30k --manual_dir=/data/flickr30k --data_dir=/data/tfds
+  python -m ncjax.data.build --dataset=web_pairs/cc3m --manual_dir=/data/cc3m_wds --data_dir=/data/tfds
+  python -m ncjax.data.build --dataset=web_pairs/custom_table --manual_dir=/data/mypairs --data_dir=/data/tfds \\
+      --table=pairs.csv --separator=, --image_column=path --caption_column=caption
+  python -m ncjax.data.build --dataset=precomp/f30k_precomp --manual_dir=/data/f30k_precomp --data_dir=/data/tfds
+
+Then train with --config.input.dataset=tfds:karpathy/flickr30k --config.input.data_dir=/data/tfds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from ncjax.data import readers, tfds_builders
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--dataset", required=True, help="<builder>/<config>: " + ", ".join(
+      f"{n}/{{{','.join(c.name for c in getattr(b, 'BUILDER_CONFIGS', []) or [])}}}" if getattr(
+          b, "BUILDER_CONFIGS", None) else n for n, b in tfds_builders.BUILDERS.items()))
+  p.add_argument("--manual_dir", default=None, help="your files")
+  p.add_argument("--data_dir", required=True, help="where the built dataset goes")
+  p.add_argument("--table", default=None, help="custom_table: CSV/TSV file name inside manual_dir")
+  p.add_argument("--separator", default=None, help="custom_table: column separator (default tab)")
+  p.add_argument("--image_column", default=None)
+  p.add_argument("--caption_column", default=None)
+  args = p.parse_args(argv)
+  name, _, config = args.dataset.partition("/")
+  if name == "web_pairs" and any(v is not None for v in (args.table, args.separator, args.image_column,
+                                                         args.caption_column)):
+    base = next(c for c in tfds_builders.WEB_CONFIGS if c.name == (config or "custom_table"))
+    overrides = {k: v for k, v in dict(table=args.table, separator=args.separator, image_column=args.image_column,
+                                       caption_column=args.caption_column).items() if v is not None}
+    config_obj = dataclasses.replace(base, **overrides)
+
+    class CustomTablePairs(tfds_builders.WebPairs, skip_registration=True):
+      """web_pairs with this table's columns; the dataset on disk is read back as web_pairs/<config>."""
+      name = "web_pairs"
+      BUILDER_CONFIGS = [config_obj]
+
+    builder = CustomTablePairs(data_dir=args.data_dir, file_format="array_record", config=config_obj.name)
+    from tensorflow_datasets import download
+    builder.download_and_prepare(download_config=download.DownloadConfig(manual_dir=args.manual_dir))
+    tfds_builders.write_index(builder)
+  else:
+    try:
+      builder = tfds_builders.build(name, config or None, args.manual_dir, args.data_dir)
+    except readers.DataFormatError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+  for split, info in builder.info.splits.items():
+    print(f"{builder.name}/{builder.builder_config.name if builder.builder_config else ''} {split}: "
+          f"{info.num_examples} records")
+  print(f"built under {builder.data_dir}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

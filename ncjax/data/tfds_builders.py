@@ -1,0 +1,258 @@
+"""tfds builders (ArrayRecord, built and read without TensorFlow) for the datasets of this literature.
+
+Every builder reads files the user already has from `manual_dir`; none downloads anything. Images are stored as
+their original encoded bytes (not re-encoded, not validated), so a corrupt image in the user's data survives the
+build and is skipped — and counted — by the input pipeline instead of failing a multi-hour build.
+
+tfds shuffles records at write time, so every record stores a stable `id` (its index in the source's own order:
+shard/member order, table row order, the Karpathy JSON order). After building, `build()` writes `ncjax_index.npz`
+next to the tfds files: the id -> record position map, and for multi-caption datasets the caption table (caption
+-> image id). Loading then costs one small file read, never a scan of the records.
+
+Builders (name: configs):
+  web_pairs: cc3m, cc12m, yfcc15m_r, redcaps, custom    (img2dataset WebDataset shards, or a CSV/TSV table)
+  karpathy: flickr30k, coco                             (dataset_{flickr30k,coco}.json + image folder)
+  precomp: f30k_precomp, coco_precomp, cc152k_precomp    (NCR {split}_ims.npy + {split}_caps.txt|tsv)
+  digits: default                                        (scikit-learn's bundled handwritten digits)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from ncjax.data import readers
+
+_BYTES = dict(shape=(), dtype=np.object_)
+INDEX_FILE = "ncjax_index.npz"
+
+
+@dataclasses.dataclass
+class WebPairsConfig(tfds.core.BuilderConfig):
+  source: str = "webdataset"          # 'webdataset' | 'table'
+  shard_pattern: str = "*.tar"
+  table: str = "train.tsv"            # relative to manual_dir, for source='table'
+  separator: str = "\t"
+  image_column: str = "filepath"
+  caption_column: str = "title"
+  extra_columns: tuple = ()
+  caption_key: str = "caption"        # where a WebDataset .json keeps the caption when there is no .txt
+
+
+WEB_CONFIGS = [
+    WebPairsConfig(name="cc3m", description="Conceptual Captions 3M (img2dataset WebDataset shards)"),
+    WebPairsConfig(name="cc12m", description="Conceptual 12M (img2dataset WebDataset shards)"),
+    WebPairsConfig(name="yfcc15m_r", description="YFCC15M-R (img2dataset WebDataset shards)"),
+    WebPairsConfig(name="redcaps", description="RedCaps (WebDataset shards; the .json keeps 'subreddit')"),
+    WebPairsConfig(name="custom", description="Any WebDataset shards"),
+    WebPairsConfig(name="custom_table", source="table", description="A CSV/TSV table of (image path, caption)"),
+]
+
+
+class WebPairs(tfds.core.GeneratorBasedBuilder):
+  """Web-scale image-caption pairs: one caption per image."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  BUILDER_CONFIGS = WEB_CONFIGS
+  MANUAL_DOWNLOAD_INSTRUCTIONS = ("Point manual_dir at img2dataset output (00000.tar, ...) or, for custom_table, a "
+                                  "directory holding the CSV/TSV and the images its paths refer to.")
+
+  def _info(self):
+    return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
+        "id": np.int64, "image": tfds.features.Tensor(**_BYTES), "caption": tfds.features.Text(),
+        "key": tfds.features.Text(), "subreddit": tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    return {"train": self._generate_examples(str(dl_manager.manual_dir))}
+
+  def _generate_examples(self, manual_dir):
+    cfg = self.builder_config
+    if cfg.source == "table":
+      rows = readers.read_table(os.path.join(manual_dir, cfg.table), cfg.image_column, cfg.caption_column,
+                                cfg.separator, extra_columns=cfg.extra_columns)
+      for i, row in enumerate(rows):
+        try:
+          with open(row["image_path"], "rb") as f:
+            data = f.read()
+        except OSError:
+          data = b""  # recorded as a bad record; the pipeline skips it and counts it
+        yield i, dict(id=i, image=data, caption=row["caption"], key=row["image_path"],
+                      subreddit=row.get("subreddit", ""))
+      return
+    i = 0
+    for shard in readers.wds_shards(manual_dir, cfg.shard_pattern):
+      for sample in readers.read_webdataset(shard, cfg.caption_key):
+        yield i, dict(id=i, image=sample.image or b"", caption=sample.caption or "",
+                      key=f"{sample.shard}/{sample.key}", subreddit=str(sample.meta.get("subreddit", "")))
+        i += 1
+
+
+class Karpathy(tfds.core.GeneratorBasedBuilder):
+  """Flickr30K / MSCOCO with the Karpathy splits: one record per image with *all* its captions."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  BUILDER_CONFIGS = [tfds.core.BuilderConfig(name="flickr30k"), tfds.core.BuilderConfig(name="coco")]
+  MANUAL_DOWNLOAD_INSTRUCTIONS = ("manual_dir must hold dataset_flickr30k.json (or dataset_coco.json) and the "
+                                  "images: flickr30k-images/<filename>, or COCO's train2014/ and val2014/ folders.")
+
+  def _info(self):
+    return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
+        "id": np.int64, "image": tfds.features.Tensor(**_BYTES), "image_id": np.int64,
+        "captions": tfds.features.Sequence(tfds.features.Text()),
+        "caption_ids": tfds.features.Sequence(np.int64)}))
+
+  def _paths(self, manual_dir):
+    name = self.builder_config.name
+    json_path = os.path.join(manual_dir, f"dataset_{name}.json")
+    images_dir = os.path.join(manual_dir, "flickr30k-images") if name == "flickr30k" else manual_dir
+    if name == "flickr30k" and not os.path.isdir(images_dir):
+      images_dir = manual_dir
+    return json_path, images_dir
+
+  def _split_generators(self, dl_manager):
+    json_path, images_dir = self._paths(str(dl_manager.manual_dir))
+    return {s: self._generate_examples(json_path, images_dir, s) for s in ("train", "val", "test")}
+
+  def _generate_examples(self, json_path, images_dir, split):
+    images = readers.read_karpathy(json_path, images_dir, split)
+    missing = [im["image_path"] for im in images if not os.path.isfile(im["image_path"])]
+    if len(missing) == len(images):
+      raise readers.DataFormatError(f"none of the {len(images)} {split} images exist, e.g. {missing[0]}; "
+                                    f"{readers._listing(images_dir)}")
+    cap = 0
+    for i, im in enumerate(images):
+      try:
+        with open(im["image_path"], "rb") as f:
+          data = f.read()
+      except OSError:
+        data = b""
+      n = len(im["captions"])
+      yield i, dict(id=i, image=data, image_id=im["image_id"], captions=im["captions"],
+                    caption_ids=list(range(cap, cap + n)))
+      cap += n
+
+
+class Precomp(tfds.core.GeneratorBasedBuilder):
+  """NCR's precomputed BUTD region features: one record per image, (36, 2048) float32 + its captions."""
+
+  VERSION = tfds.core.Version("1.0.0")
+  BUILDER_CONFIGS = [tfds.core.BuilderConfig(name=n) for n in ("f30k_precomp", "coco_precomp", "cc152k_precomp")]
+  MANUAL_DOWNLOAD_INSTRUCTIONS = "manual_dir must hold {train,dev,test}_ims.npy and {split}_caps.txt (CC152K: .tsv)."
+
+  def _info(self):
+    return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
+        "id": np.int64, "image": tfds.features.Tensor(shape=(None, None), dtype=np.float32, encoding="bytes"),
+        "captions": tfds.features.Sequence(tfds.features.Text()),
+        "caption_ids": tfds.features.Sequence(np.int64)}))
+
+  def _split_generators(self, dl_manager):
+    d = str(dl_manager.manual_dir)
+    splits = [s for s in ("train", "dev", "test", "testall") if os.path.isfile(os.path.join(d, f"{s}_ims.npy"))]
+    if "train" not in splits:
+      readers.precomp_files(d, "train")  # raises with the expected/found listing
+    return {s: self._generate_examples(d, s) for s in splits}
+
+  def _generate_examples(self, data_dir, split):
+    sp = readers.read_precomp(data_dir, split)
+    for i in range(sp.features.shape[0]):
+      ids = list(range(i * sp.im_div, (i + 1) * sp.im_div))
+      yield i, dict(id=i, image=np.asarray(sp.features[i], np.float32), captions=[sp.captions[k] for k in ids],
+                    caption_ids=ids)
+
+
+class Digits(tfds.core.GeneratorBasedBuilder):
+  """The embedded digits data behind the same interface: PNG-encoded 8x8 scans, captions, class labels."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self):
+    return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
+        "id": np.int64, "image": tfds.features.Tensor(**_BYTES), "label": np.int64,
+        "captions": tfds.features.Sequence(tfds.features.Text()),
+        "caption_ids": tfds.features.Sequence(np.int64)}))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    return {s: self._generate_examples(s) for s in ("train", "test")}
+
+  def _generate_examples(self, split):
+    from PIL import Image
+    from ncjax.data import digits
+    raw, _ = digits._raw()
+    sp = digits.load(split, image_size=8)
+    rows = sp.image_ids
+    per_image = [[] for _ in range(sp.num_images)]
+    for k, img in enumerate(sp.caption_to_image):
+      per_image[img].append(k)
+    for i, row in enumerate(rows):
+      buf = io.BytesIO()
+      Image.fromarray(np.round(raw[row] * 255).astype(np.uint8)).save(buf, format="PNG")
+      yield i, dict(id=i, image=buf.getvalue(), label=int(sp.image_labels[i]),
+                    captions=[sp.captions[k] for k in per_image[i]], caption_ids=per_image[i])
+
+
+BUILDERS = {"web_pairs": WebPairs, "karpathy": Karpathy, "precomp": Precomp, "digits": Digits}
+
+
+def builder_for(name: str, config: str | None, data_dir: str):
+  if name not in BUILDERS:
+    raise ValueError(f"unknown ncjax builder {name!r}; builders: {sorted(BUILDERS)}")
+  kwargs = dict(data_dir=data_dir, file_format="array_record")
+  if config:
+    kwargs["config"] = config
+  return BUILDERS[name](**kwargs)
+
+
+def build(name: str, config: str | None, manual_dir: str | None, data_dir: str):
+  """Build a dataset from the user's files, then write its index (id -> position, caption table)."""
+  if name != "digits":
+    if not manual_dir or not os.path.isdir(manual_dir):
+      raise readers.DataFormatError(f"manual_dir {manual_dir!r} is not a directory; the {name} builder reads the "
+                                    f"user's files from it")
+  builder = builder_for(name, config, data_dir)
+  dl_config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
+  builder.download_and_prepare(download_config=dl_config)
+  write_index(builder)
+  return builder
+
+
+def write_index(builder) -> str:
+  """One read pass (images not decoded) recording, per split, where each id lives and the caption table."""
+  arrays, captions = {}, {}
+  for split in builder.info.splits:
+    ds = builder.as_data_source(split=split)
+    n = len(ds)
+    positions = np.full(n, -1, np.int64)
+    caption_image, subreddit = [], [""] * n
+    for pos in range(n):
+      rec = ds[pos]
+      positions[int(rec["id"])] = pos
+      if "subreddit" in rec:
+        subreddit[int(rec["id"])] = _text(rec["subreddit"])
+      if "captions" in rec:
+        for cid, text in zip(rec["caption_ids"], rec["captions"]):
+          caption_image.append((int(cid), int(rec["id"]), _text(text)))
+      else:
+        caption_image.append((int(rec["id"]), int(rec["id"]), _text(rec["caption"])))
+    if (positions < 0).any():
+      raise RuntimeError(f"{builder.name}/{split}: ids are not 0..{n - 1}")
+    caption_image.sort()
+    arrays[f"{split}/positions"] = positions
+    arrays[f"{split}/caption_to_image"] = np.asarray([c[1] for c in caption_image], np.int64)
+    captions[split] = [c[2] for c in caption_image]
+    if any(subreddit):
+      captions[f"{split}:subreddit"] = subreddit
+  path = os.path.join(builder.data_dir, INDEX_FILE)
+  np.savez(path, **arrays)
+  with open(os.path.join(builder.data_dir, "ncjax_captions.json"), "w", encoding="utf-8") as f:
+    json.dump(captions, f)
+  return path
+
+
+def _text(x) -> str:
+  return x.decode("utf-8") if isinstance(x, bytes) else str(x)

@@ -1,0 +1,87 @@
+"""tfds builders built from real-format fixtures and read back without TensorFlow."""
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+import data_fixtures as fx
+from ncjax.data import build as build_cli
+from ncjax.data import readers, sources, tfds_builders
+
+
+def _no_tensorflow():
+  return importlib.util.find_spec("tensorflow") is None or "tensorflow" not in sys.modules
+
+
+def test_webdataset_builder_keeps_order_ids_captions_and_subreddits(built):
+  sp = sources.load_tfds_split("tfds:web_pairs/redcaps", built["data_dir"], "train")
+  assert sp.num_captions == 12 and sp.num_images == 12
+  assert sp.captions == built["wds_caps"]  # id order = shard/member order, whatever tfds did to positions
+  np.testing.assert_array_equal(sp.caption_to_image, np.arange(12))
+  assert sp.image_meta["subreddit"][0] == "cats" and sp.image_meta["subreddit"][1] == "pics"
+  good = readers.decode_image(sp.images.raw(1))
+  assert good.shape == (30, 41, 3)
+  with pytest.raises(Exception):
+    readers.decode_image(sp.images.raw(2))  # the corrupt one survives the build, fails at decode
+  assert _no_tensorflow()
+
+
+def test_karpathy_builder_keeps_all_captions_with_explicit_index(built):
+  test = sources.load_tfds_split("tfds:karpathy/flickr30k", built["data_dir"], "test")
+  assert test.num_images == 2 and test.num_captions == 13  # 6 + 7: never "5 per image"
+  np.testing.assert_array_equal(test.caption_to_image, [0] * 6 + [1] * 7)
+  assert test.captions[6].startswith("image 5 described by sentence 0")
+  train = sources.load_tfds_split("tfds:karpathy/flickr30k", built["data_dir"], "train")
+  assert train.num_images == 3 and train.num_captions == 15  # 'restval' joins train
+  view = sources.TransformedImages(test.images, 32, "openai")
+  assert view[0:2].shape == (2, 32, 32, 3)
+
+
+def test_precomp_builders_ncr_and_cc152k_layouts(built):
+  sp = sources.load_tfds_split("tfds:precomp/f30k_precomp", built["data_dir"], "train")
+  assert sp.num_images == 4 and sp.num_captions == 20
+  np.testing.assert_array_equal(sp.caption_to_image, np.arange(20) // 5)  # caption k <-> image k // 5
+  feats = np.load(built["root"] / "precomp" / "train_ims.npy")
+  np.testing.assert_array_equal(np.asarray(sp.images.raw(3)), feats[3])
+  assert sp.images.raw(3).shape == (36, 2048)
+  cc = sources.load_tfds_split("tfds:precomp/cc152k_precomp", built["data_dir"], "test")
+  assert cc.num_captions == cc.num_images == 2 and cc.captions[1] == "cc caption test 1"
+
+
+def test_digits_builder_matches_the_in_memory_dataset(built):
+  from ncjax.data import digits
+  sp = sources.load_tfds_split("tfds:digits", built["data_dir"], "test")
+  mem = digits.load("test")
+  assert sp.captions == mem.captions
+  np.testing.assert_array_equal(sp.caption_to_image, mem.caption_to_image)
+  np.testing.assert_array_equal(sp.image_labels, mem.image_labels)
+
+
+def test_table_builder_via_cli_with_configurable_columns(tmp_path):
+  rows = fx.write_table(str(tmp_path / "pairs"), separator=",")
+  rc = build_cli.main(["--dataset=web_pairs/custom_table", f"--manual_dir={tmp_path / 'pairs'}",
+                       f"--data_dir={tmp_path / 'tfds'}", "--table=pairs.csv", "--separator=,",
+                       "--image_column=path", "--caption_column=caption"])
+  assert rc == 0
+  sp = sources.load_tfds_split("tfds:web_pairs/custom_table", str(tmp_path / "tfds"), "train")
+  assert sp.captions == [c for _, c in rows]
+
+
+def test_missing_or_malformed_inputs_list_expected_and_found_files(tmp_path):
+  (tmp_path / "empty").mkdir()
+  (tmp_path / "empty" / "notes.txt").write_text("x")
+  with pytest.raises(readers.DataFormatError, match=r"no WebDataset shards.*found in .*notes\.txt"):
+    tfds_builders.build("web_pairs", "cc3m", str(tmp_path / "empty"), str(tmp_path / "tfds"))
+  with pytest.raises(readers.DataFormatError, match=r"train_ims\.npy.*train_caps\.txt.*notes\.txt"):
+    tfds_builders.build("precomp", "f30k_precomp", str(tmp_path / "empty"), str(tmp_path / "tfds"))
+  with pytest.raises(readers.DataFormatError, match="dataset_coco.json"):
+    tfds_builders.build("karpathy", "coco", str(tmp_path / "empty"), str(tmp_path / "tfds"))
+  with pytest.raises(readers.DataFormatError, match="is not a directory"):
+    tfds_builders.build("karpathy", "coco", str(tmp_path / "nope"), str(tmp_path / "tfds"))
+  (tmp_path / "bad.csv").write_text("a\tb\nx\ty\n")
+  with pytest.raises(readers.DataFormatError, match=r"missing column\(s\) \['filepath', 'title'\].*\['a', 'b'\]"):
+    readers.read_table(str(tmp_path / "bad.csv"))
+  with pytest.raises(readers.DataFormatError, match="is not built"):
+    sources.load_tfds_split("tfds:karpathy/coco", str(tmp_path / "tfds"), "test")

@@ -1,0 +1,147 @@
+"""The input pipeline: record decoding, augmentation, bad records, exact resume, dynamic noise, concept splits."""
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+import ml_collections
+import pytest
+from PIL import Image
+
+from helpers import tiny_clip_config
+from ncjax import train
+from ncjax.data import concepts, digits, noise, preprocess, sources
+from ncjax.data.pipeline import BadRecordError, TrainData
+from ncjax.sharding import make_mesh
+from ncjax.tokenizers import WordTokenizer
+
+
+def _mesh(n=8):
+  return make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1)), jax.devices()[:n])
+
+
+def _wds_data(built, batch=8, on_bad="skip", seed=0, augment=True):
+  sp = sources.load_tfds_split("tfds:web_pairs/redcaps", built["data_dir"], "train")
+  tok = WordTokenizer.build(sp.captions, context_length=16)
+  return TrainData(sp, tok, batch, seed, _mesh(), image_size=32, augment=augment, on_bad_record=on_bad,
+                   num_threads=4), sp
+
+
+def test_record_pipeline_decodes_augments_tokenises_and_skips_bad_records(built):
+  td, sp = _wds_data(built)
+  assert td.steps_per_epoch == 1
+  (arrays, ids, stats), = list(td.batches(0, 1))
+  assert arrays["image"].shape == (8, 32, 32, 3) and arrays["image"].dtype == np.float32
+  assert arrays["tokens"].shape == (8, 16) and len(arrays["image"].sharding.device_set) == 8
+  drawn = td.indices(0)
+  bad = [i for i in drawn if i in (2, 4)]  # the corrupt JPEG and the empty caption
+  assert stats["skipped_records"] == len(bad)
+  assert not set(ids.tolist()) & {2, 4}
+  assert "clean" in arrays and "id" in arrays
+
+
+def test_bad_record_raises_with_its_id_when_asked(built):
+  td, _ = _wds_data(built, on_bad="raise", seed=3)
+  steps = [s for s in range(6) if set(td.indices(s).tolist()) & {2, 4}]
+  with pytest.raises(BadRecordError, match=r"bad training record id [24]"):
+    list(td.batches(0, steps[0] + 1))
+
+
+def test_resume_mid_epoch_continues_the_exact_order_and_crops(built):
+  sp = sources.load_tfds_split("tfds:karpathy/flickr30k", built["data_dir"], "train")  # 15 captions
+  tok = WordTokenizer.build(sp.captions, context_length=16)
+  td = TrainData(sp, tok, 8, 5, _mesh(), image_size=24, num_threads=4)
+  full = [(np.asarray(a["image"]), np.asarray(a["id"])) for a, _, _ in td.batches(0, 4)]
+  td2 = TrainData(sp, tok, 8, 5, _mesh(), image_size=24, num_threads=4)
+  resumed = [(np.asarray(a["image"]), np.asarray(a["id"])) for a, _, _ in td2.batches(2, 4)]
+  for (img_a, id_a), (img_b, id_b) in zip(full[2:], resumed):
+    np.testing.assert_array_equal(id_a, id_b)
+    np.testing.assert_array_equal(img_a, img_b)
+  # Epochs are permutations: 15 examples, batch 8 -> 1 step per epoch, different order each epoch.
+  assert not np.array_equal(full[0][1], full[1][1])
+
+
+def test_in_memory_resume_order_and_subsets():
+  sp = digits.load("train")
+  tok = WordTokenizer.build(sp.captions, context_length=16)
+  td = TrainData(sp, tok, 64, 1, _mesh())
+  order = np.concatenate([td.indices(s) for s in range(td.steps_per_epoch)])
+  assert len(np.unique(order)) == len(order)
+  sub = np.arange(0, sp.num_captions, 3)
+  tds = TrainData(sp, tok, 64, 1, _mesh(), subset=sub)
+  ids = np.concatenate([np.asarray(a["id"]) for a, _, _ in tds.batches(0, tds.steps_per_epoch)])
+  assert set(ids.tolist()) <= set(sub.tolist())
+
+
+def test_in_batch_resampling_counts_changes_and_is_keyed_by_step():
+  tokens = jnp.arange(64 * 4).reshape(64, 4)
+  key = jax.random.fold_in(jax.random.PRNGKey(0), 7)
+  t1, clean = jax.jit(noise.corrupt_batch, static_argnums=2)(key, tokens, 0.1)
+  assert int((~clean).sum()) == 6  # floor(0.1 * 64)
+  changed = np.any(np.asarray(t1) != np.asarray(tokens), axis=1)
+  np.testing.assert_array_equal(changed, ~np.asarray(clean))  # every chosen pair really changes
+  t2, _ = noise.corrupt_batch(key, tokens, 0.1)
+  np.testing.assert_array_equal(t1, t2)
+  t3, _ = noise.corrupt_batch(jax.random.fold_in(jax.random.PRNGKey(0), 8), tokens, 0.1)
+  assert not np.array_equal(t1, t3)
+
+
+def test_trainer_with_in_batch_noise_runs_and_resumes_exactly(tmp_path):
+  cfg = tiny_clip_config(total_steps=4, **{"noise.kind": "in_batch_resample", "noise.ratio": 0.1})
+  full = train.train(cfg, str(tmp_path / "a"))
+  train.train(cfg, str(tmp_path / "b"), until=2)
+  resumed = train.train(cfg, str(tmp_path / "b"))
+  for x, y in zip(jax.tree.leaves(jax.device_get(full.params)), jax.tree.leaves(jax.device_get(resumed.params))):
+    np.testing.assert_array_equal(x, y)
+
+
+def test_concept_masks_by_class_keyword_and_subreddit(built):
+  sp = digits.load("train")
+  m = concepts.concept_mask(sp, classes=["three", 7])
+  labels = sp.image_labels[sp.caption_to_image]
+  np.testing.assert_array_equal(m, np.isin(labels, [3, 7]))
+  kw = concepts.concept_mask(sp, keywords=["heavy"])
+  assert kw.any() and all("heavy" in sp.captions[i] for i in np.flatnonzero(kw))
+  forget, retain = concepts.forget_retain(sp, m)
+  assert len(forget) + len(retain) == sp.num_captions and not set(forget) & set(retain)
+  rc = sources.load_tfds_split("tfds:web_pairs/redcaps", built["data_dir"], "train")
+  cats = concepts.concept_mask(rc, subreddits=["cats"])
+  np.testing.assert_array_equal(np.flatnonzero(cats), [0, 3, 6, 9])
+  with pytest.raises(ValueError, match="no class labels"):
+    concepts.concept_mask(rc, classes=[1])
+
+
+def test_forget_retain_iterators_yield_only_their_examples():
+  cfg = tiny_clip_config()
+  sp = digits.load("train", image_size=16)
+  tok = WordTokenizer.build(sp.captions, context_length=16)
+  mask = concepts.concept_mask(sp, classes=[0, 1, 2])
+  f, r = concepts.forget_retain_data(cfg, sp, tok, _mesh(), mask)
+  fid = np.asarray(next(f.batches(0, 1))[0]["id"])
+  rid = np.asarray(next(r.batches(0, 1))[0]["id"])
+  assert mask[fid].all() and not mask[rid].any()
+
+
+def test_clip_eval_transform_resizes_shortest_side_bicubic_and_centre_crops():
+  rng = np.random.default_rng(0)
+  img = rng.integers(0, 255, size=(60, 90, 3), dtype=np.uint8)
+  out = preprocess.eval_transform(img, 32)
+  assert out.shape == (32, 32, 3)
+  ref = Image.fromarray(img).resize((48, 32), Image.BICUBIC)   # shortest side 60 -> 32, 90 -> 48
+  ref = np.asarray(ref)[:, 8:40]                               # centre crop (48 - 32) / 2 = 8
+  mean, std = preprocess.NORMALIZATION["openai"]
+  np.testing.assert_allclose(out, (ref / 255.0 - mean) / std, atol=1e-5)
+  box = preprocess.random_resized_crop_box(np.random.default_rng(1), 90, 60, scale=(0.9, 1.0))
+  left, top, w, h = box
+  assert 0 <= left and left + w <= 90 and 0 <= top and top + h <= 60 and w * h >= 0.85 * 90 * 60
+
+
+def test_training_from_a_built_karpathy_dataset_with_retrieval_eval(built, tmp_path):
+  cfg = tiny_clip_config(total_steps=2, **{"input.dataset": "tfds:karpathy/flickr30k",
+                                           "input.data_dir": built["data_dir"], "input.global_batch_size": 8,
+                                           "noise.kind": "caption_shuffle", "noise.ratio": 0.2})
+  with cfg.unlocked():
+    cfg.evals = ml_collections.ConfigDict(dict(retrieval=dict(type="retrieval", split="test")))
+  from ncjax import main as main_lib
+  result = train.train(cfg, str(tmp_path))
+  res = main_lib.final_evaluation(cfg, result, str(tmp_path))["retrieval"]
+  assert 0 <= res["i2t_R@1"] <= 100 and res["i2t_R@10"] == 100.0  # 2 test images: everything within top 10
