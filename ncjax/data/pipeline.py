@@ -164,7 +164,9 @@ class TrainData:
   # --- iteration --------------------------------------------------------------------------------------------------
   def host_batches(self, start_step: int, stop_step: int):
     """Iterator over this process's host batches for steps [start_step, stop_step)."""
-    options = grain.ReadOptions(num_threads=self.num_threads, prefetch_buffer_size=self.prefetch)
+    # grain uses at most prefetch_buffer_size threads: keep the buffer at least as large as the thread count.
+    options = grain.ReadOptions(num_threads=self.num_threads,
+                                prefetch_buffer_size=max(self.prefetch, self.num_threads))
     if self.in_memory:
       ds = grain.MapDataset.range(start_step, stop_step).map(lambda s: self.host_batch(self.local_indices(s)))
       return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=self.prefetch)))
