@@ -28,4 +28,5 @@ def get_config(arg=None):
   c.optim.warmup_steps = 20
   c.evals.zeroshot = dict(type="zeroshot", split="test", templates="digits", every_steps=0)
   c.evals.retrieval = dict(type="retrieval", split="test", every_steps=0)
+  c.evals.noise_detection = dict(type="noise_detection", every_steps=0)
   return config_lib.lock(c)

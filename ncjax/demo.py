@@ -35,23 +35,8 @@ def _load_config(name: str, arg: str):
   return mod.get_config(arg)
 
 
-def train_clean_scores(result):
-  """Per-training-pair similarity (the pair as the loss saw it) and the ground-truth clean flags."""
-  import numpy as np
-  from ncjax.evals import common
-  exp = result.experiment
-  td = exp.train_data
-  em = exp.method.eval_model(result.params)
-  img = common.embed_images(em, td.split.images, 512, exp.mesh)
-  txt = common.embed_texts(em, td.tokens, 512, exp.mesh)
-  paired = np.einsum("nd,nd->n", img[td.caption_to_image], txt) if exp.config.model.geometry == "sphere" else \
-      np.asarray(em.score(img[td.caption_to_image][:, None], txt[:, None]))[:, 0, 0]
-  return paired, td.clean
-
-
 def run_row(name: str, config_name: str, arg: str, **overrides):
   from ncjax import main as main_lib, train
-  from ncjax.evals import noise as noise_metrics
   cfg = _load_config(config_name, arg)
   with cfg.unlocked():
     cfg.log.progress = True
@@ -68,11 +53,11 @@ def run_row(name: str, config_name: str, arg: str, **overrides):
   result = train.train(cfg, workdir)
   seconds = time.perf_counter() - t0
   evals = main_lib.final_evaluation(cfg, result, workdir)
-  scores, clean = train_clean_scores(result)
-  det = noise_metrics.detection_metrics(scores, clean)
+  det = evals.get("noise_detection", {})
   return dict(name=name, noise=cfg.noise.ratio, zeroshot=evals["zeroshot"]["acc1"],
               i2t=evals["retrieval"]["i2t_R@1"], t2i=evals["retrieval"]["t2i_R@1"],
-              rsum=evals["retrieval"]["rsum"], auc=det["auc"], seconds=seconds)
+              rsum=evals["retrieval"]["rsum"], auc=det.get("auc", float("nan")), seconds=seconds,
+              workdir=workdir)
 
 
 ROWS = [
@@ -103,6 +88,11 @@ def main():
   os.makedirs(RESULTS_DIR, exist_ok=True)
   with open(os.path.join(RESULTS_DIR, "results.md"), "w") as f:
     f.write(table + "\n")
+  print("\nnoise AUC: ROC-AUC of each model's clean score for the training pairs (its similarity, or the method's own "
+        "score) against the ground-truth clean flags, which no training loss sees.")
+  pngs = sorted(os.path.join(r["workdir"], "eval", f) for r in rows
+                for f in os.listdir(os.path.join(r["workdir"], "eval")) if f.endswith(".png"))
+  print("plots:\n  " + "\n  ".join(pngs))
   print(f"\ntotal {time.perf_counter() - t0:.0f}s; workdirs and results.md under {RESULTS_DIR}/")
   return 0
 

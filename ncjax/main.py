@@ -2,6 +2,7 @@
 
   python -m ncjax.main --config=configs/clip.py:model=tiny,noise=0.4 --workdir=/tmp/run [--config.optim.lr=1e-3]
   ncjax train --config=... --workdir=...          (the console script; `train` is the default command)
+  ncjax eval --checkpoints=WORKDIR[,WORKDIR2/checkpoints/400] [--config=...]   (evaluate saved checkpoints)
 
 Re-running with the same workdir resumes from its latest checkpoint. `--cpu_devices=8` simulates 8 devices on a
 CPU host; `--num_processes/--process_id/--coordinator_address` start one process of a multi-process run (on a
@@ -27,8 +28,12 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", "", "host:port of proc
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 1, "Number of processes (multi-process runs)")
 _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index (multi-process runs)")
 _UNTIL = flags.DEFINE_integer("until_step", None, "Stop after this global step (the run stays resumable)")
+_CHECKPOINTS = flags.DEFINE_string(
+    "checkpoints", None, "eval: comma-separated WORKDIR (every checkpoint of the run), WORKDIR:latest, "
+    "WORKDIR/checkpoints/STEP or WORKDIR/STEP")
+_OUTPUT = flags.DEFINE_string("output", None, "eval: where the summary table goes (default: the first WORKDIR/eval)")
 
-COMMANDS = ("train",)
+COMMANDS = ("train", "eval")
 
 
 def _init_jax():
@@ -60,18 +65,119 @@ def make_periodic_evaluator(config, trainer):
   return evaluate
 
 
-def final_evaluation(config, result, workdir: str) -> dict:
+def evaluate_state(config, exp, state, workdir: str) -> dict:
+  """Run every evaluator of config.evals on a train state; write eval/step_N.json (+ plots) under workdir."""
   import jax
   from ncjax import evals
-  exp = result.experiment
-  evaluators = evals.build_evaluators(config.evals, evals.EvalContext(config, exp.tokenizer, exp.mesh))
-  results = evals.run_evaluators(evaluators, exp.method.eval_model(result.params))
-  step = int(jax.device_get(result.state["step"]))
+  step = int(jax.device_get(state["step"]))
+  out_dir = os.path.join(workdir, "eval")
+  ctx = evals.EvalContext(config, exp.tokenizer, exp.mesh, experiment=exp,
+                          plot_dir=out_dir if jax.process_index() == 0 else None, tag=f"step_{step}")
+  evaluators = evals.build_evaluators(config.evals, ctx)
+  results = evals.run_evaluators(evaluators, exp.method.eval_model(state["params"]), state)
   if jax.process_index() == 0 and results:
-    os.makedirs(os.path.join(workdir, "eval"), exist_ok=True)
-    with open(os.path.join(workdir, "eval", f"step_{step}.json"), "w") as f:
-      json.dump(dict(step=step, results=results), f, indent=1)
+    os.makedirs(out_dir, exist_ok=True)
+    records = evals.clip_benchmark_records(results, evaluators, model=f"{exp.method.name}:{config.model.size}",
+                                           dataset=config.input.dataset)
+    with open(os.path.join(out_dir, f"step_{step}.json"), "w") as f:
+      json.dump(dict(step=step, workdir=os.path.abspath(workdir), method=exp.method.name,
+                     noise_sha256=exp.train_data.noise_sha256, results=results, records=records), f, indent=1)
   return results
+
+
+def final_evaluation(config, result, workdir: str) -> dict:
+  return evaluate_state(config, result.experiment, result.state, workdir)
+
+
+def expand_checkpoints(spec: str) -> list[tuple[str, int]]:
+  """'WORKDIR' -> every step; 'WORKDIR:latest'; 'WORKDIR/checkpoints/STEP' or 'WORKDIR/STEP' -> that step."""
+  from ncjax import checkpoint as ckpt_lib
+  out = []
+  for item in [x for x in spec.split(",") if x]:
+    latest_only = item.endswith(":latest")
+    path = os.path.abspath(item[:-len(":latest")] if latest_only else item).rstrip("/")
+    base = os.path.basename(path)
+    if base.isdigit():
+      parent = os.path.dirname(path)
+      workdir = os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else parent
+      out.append((workdir, int(base)))
+      continue
+    workdir = os.path.dirname(path) if base == "checkpoints" else path
+    manager = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), async_save=False)
+    steps = manager.all_steps()
+    manager.close()
+    if not steps:
+      raise FileNotFoundError(f"{workdir} holds no checkpoint (expected {workdir}/checkpoints/<step>/)")
+    out.extend((workdir, s) for s in (steps[-1:] if latest_only else sorted(steps)))
+  return out
+
+
+def fit_to_devices(config, n_devices: int):
+  """Evaluation may run on another device count than training: keep fsdp if it divides, and a divisible batch."""
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    if n_devices % int(config.mesh.fsdp):
+      config.mesh.fsdp = 1
+    config.mesh.data = -1
+    gb = int(config.input.global_batch_size)
+    config.input.global_batch_size = max(n_devices, gb - gb % n_devices)
+  return config
+
+
+def _config_from_meta(meta: dict):
+  import ml_collections
+  return ml_collections.ConfigDict(meta["config"])
+
+
+def eval_command(config):
+  """Evaluate checkpoints: one JSON per checkpoint (WORKDIR/eval/step_N.json) and a summary (markdown + CSV)."""
+  import jax
+  from ncjax import checkpoint as ckpt_lib, train
+  if not _CHECKPOINTS.value:
+    raise app.UsageError("eval needs --checkpoints=WORKDIR[/checkpoints/STEP][,...]")
+  rows = []
+  for workdir, step in expand_checkpoints(_CHECKPOINTS.value):
+    manager = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), async_save=False)
+    meta = manager.read_meta(step)
+    manager.close()
+    cfg = fit_to_devices(config if config is not None else _config_from_meta(meta), len(jax.devices()))
+    trainer = train.Trainer(cfg, workdir, step=step)
+    state, _ = trainer.restore_or_init()
+    results = evaluate_state(cfg, trainer.exp, state, workdir)
+    trainer.checkpointer.close()
+    row = dict(workdir=workdir, step=step, method=meta["method"])
+    for name, res in results.items():
+      row.update({f"{name}/{k}": v for k, v in res.items() if isinstance(v, (int, float))})
+    rows.append(row)
+    print(f"{workdir} step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in row.items()
+                                                  if k.endswith(("acc1", "R@1", "rsum", "auc", "lp_acc1"))))
+  if jax.process_index() == 0 and rows:
+    write_summary(rows, _OUTPUT.value or os.path.join(rows[0]["workdir"], "eval"))
+  return rows
+
+
+def write_summary(rows: list[dict], out_dir: str) -> tuple[str, str]:
+  import csv
+  os.makedirs(out_dir, exist_ok=True)
+  keys = list(dict.fromkeys(k for r in rows for k in r))
+  csv_path = os.path.join(out_dir, "summary.csv")
+  with open(csv_path, "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+  md_path = os.path.join(out_dir, "summary.md")
+  shown = [k for k in keys if k in ("workdir", "step", "method") or k.endswith(
+      ("acc1", "mean_per_class_recall", "i2t_R@1", "t2i_R@1", "rsum", "auc", "F_acc", "R_acc"))]
+
+  def fmt(v):
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+  with open(md_path, "w") as f:
+    f.write("| " + " | ".join(shown) + " |\n|" + "---|" * len(shown) + "\n")
+    for r in rows:
+      f.write("| " + " | ".join(fmt(r.get(k, "")) for k in shown) + " |\n")
+  print(f"summary: {md_path}, {csv_path}")
+  return md_path, csv_path
 
 
 def train_command(config, workdir: str):
@@ -80,7 +186,8 @@ def train_command(config, workdir: str):
   result = trainer.run(until=_UNTIL.value, evaluate=make_periodic_evaluator(config, trainer))
   results = final_evaluation(config, result, workdir)
   for name, res in results.items():
-    shown = {k: round(v, 4) for k, v in res.items() if "@" in k or k.startswith("acc") or k == "rsum"}
+    shown = {k: round(v, 4) for k, v in res.items()
+             if isinstance(v, float) and (k.endswith("R@1") or k in ("acc1", "rsum", "auc", "lp_acc1"))}
     print(f"{name}: {shown}")
   return results
 
@@ -90,6 +197,10 @@ def main(argv):
   command = args[0] if args else "train"
   if command not in COMMANDS:
     raise app.UsageError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
+  if command == "eval":
+    _init_jax()
+    eval_command(_CONFIG.value)
+    return
   if _CONFIG.value is None:
     raise app.UsageError("--config is required, e.g. --config=configs/clip.py:model=tiny")
   if not _WORKDIR.value:

@@ -206,12 +206,15 @@ class StageProgram:
 class Trainer:
   """Holds the experiment, its stage programs and the checkpointer; `run()` trains to the end (or `until`)."""
 
-  def __init__(self, config, workdir: str, *, devices=None):
+  def __init__(self, config, workdir: str, *, devices=None, step: int | None = None):
+    """`step`: restore that checkpoint instead of the latest (evaluation of a run's history)."""
     self.config, self.workdir = config, workdir
     os.makedirs(workdir, exist_ok=True)
     self.checkpointer = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=config.ckpt.keep,
                                               async_save=config.ckpt.async_save)
-    latest = self.checkpointer.latest_step()
+    latest = self.checkpointer.latest_step() if step is None else step
+    if step is not None and step not in self.checkpointer.all_steps():
+      raise FileNotFoundError(f"{workdir} has no checkpoint at step {step}; it has {self.checkpointer.all_steps()}")
     self.resume_meta = self.checkpointer.read_meta(latest) if latest is not None else None
     saved_tok = self.resume_meta["tokenizer"] if self.resume_meta else None
     self.exp = build_experiment(config, devices=devices, saved_tokenizer=saved_tok)
@@ -325,7 +328,8 @@ class Trainer:
           evaluate(step + 1, state, writer)
       if pending is not None:
         last_metrics = self._check_and_log(pending, writer, progress, (t_last, n_last), final=True)
-      if cfg.ckpt.save_at_end and stop > start:
+      saved_periodically = cfg.ckpt.every_steps and stop % cfg.ckpt.every_steps == 0
+      if cfg.ckpt.save_at_end and stop > start and not saved_periodically:
         self.save(state, stop, span, force=True)
     finally:
       self.checkpointer.wait()

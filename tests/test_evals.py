@@ -69,3 +69,76 @@ def test_auc_matches_sklearn_and_precision_recall():
   flagged = scores < 0.0
   tp = (flagged & ~clean).sum()
   assert m["precision"] == pytest.approx(tp / flagged.sum()) and m["recall"] == pytest.approx(tp / (~clean).sum())
+
+
+def test_linear_probe_jax_matches_sklearn_on_digits():
+  from ncjax.data import digits
+  from ncjax.evals import linear_probe as lp
+  tr, te = digits.load("train", image_size=8), digits.load("test", image_size=8)
+  xtr = tr.images[..., 0].reshape(len(tr.images), -1)
+  xte = te.images[..., 0].reshape(len(te.images), -1)
+  a, b = lp.train_val_split(len(xtr))
+  ours = lp.linear_probe(xtr[a], tr.image_labels[a], xtr[b], tr.image_labels[b], xte, te.image_labels, 10)
+  ref = lp.linear_probe(xtr[a], tr.image_labels[a], xtr[b], tr.image_labels[b], xte, te.image_labels, 10,
+                        protocol="sklearn")
+  assert ours["coarse_C"] == ref["coarse_C"]
+  assert abs(ours["lp_acc1"] - ref["lp_acc1"]) <= 0.005
+  assert ours["lp_acc1"] > 0.9
+
+
+def test_linear_probe_fit_matches_sklearn_coefficients_at_fixed_c():
+  from sklearn.linear_model import LogisticRegression
+  from ncjax.evals import linear_probe as lp
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(300, 5)).astype(np.float32)
+  y = np.argmax(x @ rng.normal(size=(5, 3)) + 0.5 * rng.normal(size=(300, 3)), axis=1)
+  ours = lp.fit(x, y, 0.5, 3)
+  ref = LogisticRegression(C=0.5, max_iter=1000, tol=1e-8).fit(x, y)
+  # Multinomial logits are defined up to a per-sample constant: compare centred class scores.
+  s_ours = x @ np.asarray(ours["w"]) + np.asarray(ours["b"])
+  s_ref = ref.decision_function(x)
+  np.testing.assert_allclose(s_ours - s_ours.mean(1, keepdims=True), s_ref - s_ref.mean(1, keepdims=True),
+                             atol=2e-3)
+
+
+def test_lorentz_prompt_ensemble_is_tangent_space_mean():
+  from ncjax.models import lorentz
+  from ncjax.models.geometry import Lorentz
+  geo = Lorentz(embed_dim=4)
+  rng = np.random.default_rng(0)
+  v = rng.normal(size=(3, 5, 4)).astype(np.float32) * 0.3
+  emb = lorentz.exp_map0(v, 1.0)
+  np.testing.assert_allclose(np.asarray(geo.ensemble(emb)), np.asarray(lorentz.exp_map0(v.mean(1), 1.0)),
+                             atol=1e-5)
+
+
+def test_unlearning_forget_retain_switches():
+  from ncjax.evals import unlearning
+  # Predictions with every class offered: [0, 1, 0, 2, 2]; labels [0, 0, 1, 1, 2]; forget class 0.
+  scores = np.array([[3, 2, 1], [1, 3, 2], [3, 2, 1], [1, 2, 3], [2, 1, 3]], np.float32)
+  labels = np.array([0, 0, 1, 1, 2])
+  keep = unlearning.forget_retain_accuracy(scores, labels, [0])
+  assert keep["F_acc"] == pytest.approx(0.5) and keep["R_acc"] == pytest.approx(1 / 3)
+  # Without class 0 in the label set image 2 falls to class 1 (right); forget images cannot be right.
+  drop = unlearning.forget_retain_accuracy(scores, labels, [0], keep_forget_classes_in_labelset=False)
+  assert drop["F_acc"] == 0.0 and drop["R_acc"] == pytest.approx(2 / 3)
+  macro = unlearning.forget_retain_accuracy(scores, labels, [0], average="macro")
+  assert macro["R_acc"] == pytest.approx((0.0 + 1.0) / 2)
+  sim = np.eye(3, dtype=np.float32)
+  r = unlearning.forget_retain_retrieval(sim, np.arange(3), np.array([True, False, False]))
+  assert r["forget_i2t_R@1"] == 100.0 and r["retain_t2i_R@1"] == 100.0
+
+
+def test_plots_are_written(tmp_path):
+  from ncjax.evals import plots
+  rng = np.random.default_rng(0)
+  sim = rng.normal(size=(10, 20)).astype(np.float32)
+  c2i = np.repeat(np.arange(10), 2)
+  stats = plots.similarity_statistics(sim, c2i)
+  assert stats["positive"].shape == (20,)
+  assert (stats["top_negative"] >= stats["mean_negative"]).all()
+  p1 = plots.plot_similarity_distributions(sim, c2i, str(tmp_path / "sim.png"))
+  p2 = plots.plot_clean_noisy_histogram(rng.normal(size=50), rng.uniform(size=50) > 0.5, str(tmp_path / "h.png"))
+  for p in (p1, p2):
+    with open(p, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -43,6 +43,8 @@ class EpochState(SingleModelMethod):
                                model.get_logit_scale())
 
   def loss_fn(self, params, state, batch, rng):
+    # The ground truth travels with the batch for diagnostics but must never reach a method's loss.
+    assert "clean" not in batch and "label" not in batch, sorted(batch)
     loss, metrics = self.model_loss(self.bind(params).model, batch, rng)
     ids = batch["id"]
     state = dict(state, seen=state["seen"].at[ids].add(1),

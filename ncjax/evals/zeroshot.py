@@ -7,9 +7,41 @@ Lorentzian inner product for MERU). Reported: top-1, top-5 (NaN with fewer than 
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+
 import numpy as np
 
 from ncjax.evals import common
+
+_TEMPLATE_FILE = os.path.join(os.path.dirname(__file__), "templates", "clip.json")
+
+
+@functools.lru_cache(maxsize=None)
+def _builtin_templates() -> dict:
+  with open(_TEMPLATE_FILE, encoding="utf-8") as f:
+    return {k: tuple(v) for k, v in json.load(f).items() if not k.startswith("_")}
+
+
+def templates_for(name: str):
+  """A template set: 'imagenet80' (CLIP paper), 'imagenet7' (OpenAI's subset), 'cifar', 'single', 'digits', or a
+  JSON file path holding a list of templates, or a {class name: [prompts]} dict (class-specific, CuPL-style)."""
+  if name == "digits":
+    from ncjax.data.digits import ZEROSHOT_TEMPLATES
+    return ZEROSHOT_TEMPLATES
+  builtin = _builtin_templates()
+  if name in builtin:
+    return builtin[name]
+  if os.path.isfile(name):
+    with open(name, encoding="utf-8") as f:
+      data = json.load(f)
+    if isinstance(data, list) and all("{}" in t for t in data):
+      return tuple(data)
+    if isinstance(data, dict):
+      return {k: tuple(v) for k, v in data.items()}
+    raise ValueError(f"{name}: expected a JSON list of templates containing '{{}}' or a dict class -> prompts")
+  raise ValueError(f"unknown template set {name!r}; built in: {sorted(builtin) + ['digits']}, or a JSON file path")
 
 
 def ensemble_sphere(template_embeddings: np.ndarray) -> np.ndarray:
@@ -20,11 +52,24 @@ def ensemble_sphere(template_embeddings: np.ndarray) -> np.ndarray:
 
 
 def classifier(eval_model, tokenizer, class_names, templates, mesh, batch_size: int = 512) -> np.ndarray:
+  """(C, D) class embeddings: every template filled with each class name, ensembled by the model's geometry.
+
+  `templates` may be a dict class name -> its own prompts (class-specific sets); each class is then ensembled
+  over its own prompts."""
+  ensemble = getattr(eval_model, "ensemble", None) or ensemble_sphere
+  if isinstance(templates, dict):
+    missing = [c for c in class_names if c not in templates]
+    if missing:
+      raise ValueError(f"class-specific templates lack classes {missing[:5]}")
+    rows = []
+    for c in class_names:
+      emb = common.embed_texts(eval_model, tokenizer.encode(list(templates[c])), batch_size, mesh)
+      rows.append(np.asarray(ensemble(emb[None]))[0])
+    return np.stack(rows)
   texts = [t.format(c) for c in class_names for t in templates]
   emb = common.embed_texts(eval_model, tokenizer.encode(texts), batch_size, mesh)
   emb = emb.reshape(len(class_names), len(templates), -1)
-  ensemble = getattr(eval_model, "ensemble", None) or ensemble_sphere
-  return ensemble(emb)
+  return np.asarray(ensemble(emb))
 
 
 def accuracy(scores: np.ndarray, labels: np.ndarray, num_classes: int | None = None) -> dict:

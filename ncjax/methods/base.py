@@ -69,6 +69,7 @@ class EvalModel:
   encode_text: Callable[[jax.Array], jax.Array]
   score: Callable[[jax.Array, jax.Array], jax.Array]
   image_features: Callable[[jax.Array], jax.Array] | None = None  # pre-projection features (linear probe)
+  ensemble: Callable[[jax.Array], jax.Array] | None = None        # prompt ensemble (C, T, D) -> (C, D)
 
 
 def param_path(path) -> str:
@@ -154,10 +155,17 @@ class Method(abc.ABC):
 
   has_end_of_epoch = False  # set True by methods that override end_of_epoch (saves a compile otherwise)
 
+  def clean_scores(self, params: PyTree, state: PyTree):
+    """Optional per-example clean scores (capacity-long, higher = cleaner) and the flagged-as-noisy set, for
+    noise-detection metrics: (scores, flagged or None). Default None: evaluators use the pair similarity."""
+    del params, state
+    return None
+
   def eval_model(self, params: PyTree) -> EvalModel:
     model = self.bind(params).model
     return EvalModel(encode_image=model.encode_image, encode_text=model.encode_text, score=model.score,
-                     image_features=lambda x: model.encode_image(x, return_features=True)[1])
+                     image_features=lambda x: model.encode_image(x, return_features=True)[1],
+                     ensemble=model.geometry.ensemble)
 
   # --- helpers for subclasses ---------------------------------------------------------------------------------
   def default_param_groups(self, lr: float | None = None, weight_decay: float | None = None,

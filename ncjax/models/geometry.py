@@ -44,6 +44,10 @@ class Sphere(nnx.Module):
   def paired_similarity(self, a, b):
     return jnp.sum(jnp.asarray(a, jnp.float32) * jnp.asarray(b, jnp.float32), axis=-1)
 
+  def ensemble(self, template_embeddings):
+    """Prompt ensemble (C, T, D) -> (C, D): normalise each template embedding, average, renormalise (CLIP)."""
+    return l2_normalize(jnp.mean(l2_normalize(template_embeddings), axis=1))
+
 
 class Lorentz(nnx.Module):
   """MERU's geometry: features scaled by exp(alpha) (alpha <= 0) and lifted with exp_map0 onto the hyperboloid.
@@ -82,6 +86,14 @@ class Lorentz(nnx.Module):
 
   def paired_similarity(self, a, b):
     return -lorentz.paired_dist(a, b, self.curvature())
+
+  def ensemble(self, template_embeddings):
+    """MERU's prompt ensemble: average in the tangent space at the origin, then exp-map back (C, T, D) -> (C, D).
+
+    log_map0 recovers exp(alpha) * features exactly, so this equals MERU's mean of scaled text features.
+    """
+    curv = self.curvature()
+    return lorentz.exp_map0(jnp.mean(lorentz.log_map0(template_embeddings, curv), axis=1), curv)
 
 
 GEOMETRIES = {"sphere": Sphere, "lorentz": Lorentz}

@@ -1,0 +1,65 @@
+"""Diagnostic plots (PNG): similarity distributions (as NCU's Figure 5) and clean-vs-noisy score histograms
+(as GSC's Figure 5 and the Bayesian-CL paper's Figure 3)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+
+def _pyplot():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def similarity_statistics(similarity, caption_to_image, top_fraction: float = 0.05) -> dict:
+  """Per caption: the positive pair's similarity, the mean over its negatives, and the mean of its top-5% negatives."""
+  s = np.asarray(similarity, np.float32).T           # (captions, images)
+  c2i = np.asarray(caption_to_image)
+  n_cap, n_img = s.shape
+  pos = s[np.arange(n_cap), c2i]
+  neg = s.copy()
+  neg[np.arange(n_cap), c2i] = np.nan
+  k = max(1, int(round(top_fraction * (n_img - 1))))
+  top = -np.sort(-np.nan_to_num(neg, nan=-np.inf), axis=1)[:, :k]
+  return dict(positive=pos, mean_negative=np.nanmean(neg, axis=1), top_negative=top.mean(axis=1))
+
+
+def plot_similarity_distributions(similarity, caption_to_image, path: str, title: str = "") -> str:
+  stats = similarity_statistics(similarity, caption_to_image)
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for key, label in (("positive", "positive pairs"), ("mean_negative", "mean of negatives"),
+                     ("top_negative", "top-5% negatives")):
+    ax.hist(stats[key], bins=50, alpha=0.55, density=True, label=label)
+  ax.set_xlabel("similarity")
+  ax.set_ylabel("density")
+  ax.set_title(title or "similarity distributions")
+  ax.legend()
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def plot_clean_noisy_histogram(scores, clean, path: str, title: str = "", xlabel: str = "clean score") -> str:
+  scores = np.asarray(scores, np.float64)
+  clean = np.asarray(clean, bool)
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  bins = np.linspace(np.nanmin(scores), np.nanmax(scores) + 1e-12, 50)
+  ax.hist(scores[clean], bins=bins, alpha=0.6, label=f"clean pairs (n={int(clean.sum())})", color="tab:blue")
+  ax.hist(scores[~clean], bins=bins, alpha=0.6, label=f"noisy pairs (n={int((~clean).sum())})", color="tab:red")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel("count")
+  ax.set_title(title or "clean vs noisy")
+  ax.legend()
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path

@@ -1,0 +1,74 @@
+"""`ncjax eval` over saved checkpoints: JSON per checkpoint, summary, and 8-device == 1-device evaluation."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT, tiny_clip_config
+from ncjax import train
+
+
+def _eval(workdir, out, devices):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  res = subprocess.run([sys.executable, "-m", "ncjax.main", "eval", f"--checkpoints={workdir}",
+                        f"--output={out}", f"--cpu_devices={devices}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env=env)
+  assert res.returncode == 0, res.stderr[-3000:]
+  return res
+
+
+def test_eval_all_checkpoints_sharded_equals_single_device(tmp_path):
+  cfg = tiny_clip_config(total_steps=4, **{"ckpt.every_steps": 2, "mesh.fsdp": 2})
+  with cfg.unlocked():
+    cfg.evals = {"zeroshot": dict(type="zeroshot", templates="digits"),
+                 "retrieval": dict(type="retrieval"), "noise_detection": dict(type="noise_detection")}
+  workdir = tmp_path / "run"
+  train.train(cfg, str(workdir))
+  _eval(workdir, tmp_path / "out8", 8)
+  eight = {s: json.loads((workdir / "eval" / f"step_{s}.json").read_text()) for s in (2, 4)}
+  summary = (tmp_path / "out8" / "summary.md").read_text()
+  assert summary.count("\n") == 4 and "zeroshot/acc1" in summary  # header, rule, two checkpoints
+  assert (tmp_path / "out8" / "summary.csv").is_file()
+  assert (workdir / "eval" / "step_4_similarity.png").is_file()
+  assert (workdir / "eval" / "step_4_clean_noisy.png").is_file()
+  tasks = {r["task"] for r in eight[4]["records"]}
+  assert {"zeroshot_classification", "zeroshot_retrieval", "noise_detection"} <= tasks
+  assert "image_retrieval_recall@5" in eight[4]["results"]["retrieval"]
+  _eval(str(workdir) + "/checkpoints/4", tmp_path / "out1", 1)
+  one = json.loads((workdir / "eval" / "step_4.json").read_text())
+  # A 4-step model scores many pairs almost equally, so a last-bit difference between an 8-way and a 1-way
+  # matmul may swap one tie: rank metrics may differ by at most one query (1/359 images, 1/718 captions).
+  for name, metrics in eight[4]["results"].items():
+    for k, v in metrics.items():
+      if k.endswith(("medr", "meanr")):
+        tol = 1e-3 * v                 # a few near-tied swaps move a mean rank of ~200 by a few hundredths
+      elif k == "rsum":
+        tol = 6 * 100 / 359            # six percentages, one query each
+      elif "R@" in k and not k.startswith(("text_", "image_")):
+        tol = 100 / 359 + 1e-6         # percent
+      else:
+        tol = 1 / 359 + 1e-6           # fractions, accuracies, AUC, mean ranks
+      assert one["results"][name][k] == pytest.approx(v, abs=tol), (name, k)
+
+
+def test_restored_sharded_checkpoint_embeds_identically_on_8_and_1_devices(tmp_path, devices):
+  import numpy as np
+  from ncjax.evals import common
+  cfg = tiny_clip_config(total_steps=2, **{"mesh.fsdp": 2})
+  train.train(cfg, str(tmp_path))
+  out = {}
+  for n in (8, 1):
+    c = tiny_clip_config(total_steps=2, **{"mesh.fsdp": 2 if n == 8 else 1})
+    trainer = train.Trainer(c, str(tmp_path), devices=devices[:n])
+    state, _ = trainer.restore_or_init()
+    if n == 8:
+      assert any("fsdp" in str(x.sharding.spec) for x in __import__("jax").tree.leaves(state["params"]))
+    em = trainer.exp.method.eval_model(state["params"])
+    split = trainer.exp.train_data.split
+    out[n] = (common.embed_images(em, split.images[:64], 64, trainer.exp.mesh),
+              common.embed_texts(em, trainer.exp.train_data.tokens[:64], 64, trainer.exp.mesh))
+  np.testing.assert_allclose(out[8][0], out[1][0], atol=1e-5)
+  np.testing.assert_allclose(out[8][1], out[1][1], atol=1e-5)
