@@ -21,10 +21,15 @@ class SingleModelMethod(Method):
   def model_loss(self, model, batch, rng):
     """(loss, metrics) of the bound model on a batch."""
 
+  def update_state(self, state, batch, metrics):
+    """Per-sample state after a step (default: unchanged). `metrics` may carry per-sample arrays."""
+    del batch, metrics
+    return state
+
   def loss_fn(self, params, state, batch, rng):
     model = self.bind(params).model
     loss, metrics = self.model_loss(model, batch, rng)
-    return loss, (metrics, state)
+    return loss, (metrics, self.update_state(state, batch, metrics))
 
   def stages(self):
     return (Stage("train", self.config.num_epochs,

@@ -1,0 +1,202 @@
+"""NCU — "Unlearning the Noisy Correspondence Makes CLIP More Robust" (Han et al., ICCV 2025).
+
+Pure functions over the global batch, float32. Defaults follow the public code (hhc1997/NCU, see
+shared/reference/methods.md §1); where the paper differs, the paper's form is a named option:
+
+| what | default (public code) | option (paper) |
+|---|---|---|
+| forget score (Eq. 2) | score='row': image->text softmax diagonal | score='mean': mean of row and column diagonals |
+| relation term (Eq. 4) | rel='code': (<t_i,t_j> - <t-_i,t-_j>)^2 | rel='paper': (<t_i,t-_j> - <t_j,t-_i>)^2 |
+| stage-1 weights (Eq. 6) | lambda 10 on L_rel and L_sep | any lambda |
+| OT targets (Eq. 10) | kappa * rownorm(plan) + (1 - kappa) I | — |
+| text-side targets | unnormalised (rows sum to 0.7 / 1 + (1-kappa)(|F|-1)) | normalize_text_targets=True |
+| L_otr (Eq. 11) | combine='mean': (L_img + L_txt) / 2 | combine='sum' |
+| L_sep in stage 2 (Eq. 12) | weight 1, over the whole batch | sep_scope='retained' |
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ncjax.ot.masked import masked_sinkhorn_with_info, reference_sinkhorn
+
+BAND = (-0.7, -0.2)  # cos(t_i, t_i^Neg) is pushed into [alpha, beta] = [-0.7, -0.2]
+
+
+def _f32(x):
+  return jnp.asarray(x, jnp.float32)
+
+
+def clean_confidence(image_emb, text_emb, logit_scale, score: str = "row"):
+  """Eq. 2: w_i = softmax_row(s V T^T)_ii ('row', the public code) or the mean with the column softmax ('mean')."""
+  logits = jnp.exp(_f32(logit_scale)) * (_f32(image_emb) @ _f32(text_emb).T)
+  row = jnp.diagonal(jax.nn.softmax(logits, axis=1))
+  if score == "row":
+    return row
+  if score == "mean":
+    return 0.5 * (row + jnp.diagonal(jax.nn.softmax(logits, axis=0)))
+  raise ValueError(f"unknown forget score {score!r}; expected 'row' (public code) or 'mean' (paper Eq. 2)")
+
+
+def select_forget(image_emb, text_emb, logit_scale, ratio: float, score: str = "row"):
+  """(forget_mask, clean_score): the floor(ratio * N) pairs of the global batch with the lowest confidence.
+
+  No gradient flows through the selection. Ties go to the lower index (a stable order)."""
+  w = jax.lax.stop_gradient(clean_confidence(image_emb, text_emb, logit_scale, score))
+  n = w.shape[0]
+  k = int(np.floor(ratio * n))
+  if k <= 0:
+    return jnp.zeros((n,), bool), w
+  order = jnp.argsort(w, stable=True)
+  mask = jnp.zeros((n,), bool).at[order[:k]].set(True)
+  return mask, w
+
+
+def band_loss(text_emb, neg_text_emb, weights=None, band=BAND):
+  """L_sep (Eq. 3): mean_i [alpha - c_i]_+ + [c_i - beta]_+ with c_i = <t_i, t_i^Neg>, over rows with weight 1."""
+  c = jnp.sum(_f32(text_emb) * _f32(neg_text_emb), axis=-1)
+  per = jax.nn.relu(band[0] - c) + jax.nn.relu(c - band[1])
+  if weights is None:
+    return jnp.mean(per)
+  weights = _f32(weights)
+  return jnp.sum(weights * per) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def prompt_loss(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, *, lambda_rel: float = 10.0,
+                lambda_sep: float = 10.0, use_itm: bool = True, use_neg_itm: bool = True, use_rel: bool = True,
+                use_sep: bool = True, rel: str = "code", band=BAND):
+  """Stage 1 (Eq. 3-6), on the retained pairs only: learn the hardest-negative prompt.
+
+  L = lambda_rel L_rel + lambda_sep L_sep + L_yes + L_no, with B' retained pairs and m_ij = +1 on the diagonal,
+  -1 off it: L_yes = -1/B' sum_ij log sigmoid(m_ij s <v_i, t_j>) (no bias), L_no the same with -m_ij and t^Neg,
+  L_rel = 1/B' sum_ij Delta_ij^2, L_sep the band term averaged over the retained pairs.
+  """
+  v, t, tn = _f32(image_emb), _f32(text_emb), _f32(neg_text_emb)
+  keep = (~jnp.asarray(forget_mask, bool)).astype(jnp.float32)
+  pair = keep[:, None] * keep[None, :]
+  n_keep = jnp.maximum(jnp.sum(keep), 1.0)
+  s = jnp.exp(_f32(logit_scale))
+  n = v.shape[0]
+  m = 2.0 * jnp.eye(n, dtype=jnp.float32) - 1.0
+  terms = {}
+  if use_itm:
+    terms["loss_yes"] = -jnp.sum(pair * jax.nn.log_sigmoid(m * s * (v @ t.T))) / n_keep
+  if use_neg_itm:
+    terms["loss_no"] = -jnp.sum(pair * jax.nn.log_sigmoid(-m * s * (v @ tn.T))) / n_keep
+  if use_rel:
+    if rel == "code":
+      delta = t @ t.T - tn @ tn.T
+    elif rel == "paper":
+      cross = t @ tn.T
+      delta = cross - cross.T
+    else:
+      raise ValueError(f"unknown relation term {rel!r}; expected 'code' or 'paper'")
+    terms["loss_rel"] = lambda_rel * jnp.sum(pair * delta ** 2) / n_keep
+  if use_sep:
+    terms["loss_sep"] = lambda_sep * band_loss(t, tn, keep, band)
+  loss = sum(terms.values()) if terms else jnp.zeros((), jnp.float32)
+  metrics = dict(terms, n_retained=jnp.sum(keep),
+                 neg_text_cosine=jnp.sum(keep * jnp.sum(t * tn, -1)) / n_keep)
+  return loss, metrics
+
+
+def extended_similarity(image_emb, text_emb, neg_text_emb):
+  """S_ext = [V T^T | d] with d_i = <v_i, t_i^Neg> (the paired negative only), N x (N+1)."""
+  v, t, tn = _f32(image_emb), _f32(text_emb), _f32(neg_text_emb)
+  return jnp.concatenate([v @ t.T, jnp.sum(v * tn, axis=-1, keepdims=True)], axis=1)
+
+
+def transport_mask(forget_mask):
+  """Eq. 8: all texts allowed, the negative column not; a forget row loses its own text and gains the negative."""
+  f = jnp.asarray(forget_mask, bool)
+  n = f.shape[0]
+  idx = jnp.arange(n)
+  mask = jnp.ones((n, n + 1), bool).at[:, n].set(False)
+  mask = mask.at[idx, idx].set(~f)
+  return mask.at[:, n].set(f)
+
+
+def identity_targets(forget_mask):
+  """I_v: 1 at (i, i) for retained rows, at (i, N+1) for forget rows."""
+  f = jnp.asarray(forget_mask, bool)
+  n = f.shape[0]
+  idx = jnp.arange(n)
+  eye = jnp.zeros((n, n + 1), jnp.float32).at[idx, idx].set(jnp.where(f, 0.0, 1.0))
+  return eye.at[:, n].set(jnp.where(f, 1.0, 0.0))
+
+
+def _kl_sum(target, log_pred):
+  """sum T (log T - log P), entries with T = 0 contributing 0."""
+  safe = jnp.where(target > 0, target, 1.0)
+  return jnp.sum(jnp.where(target > 0, target * (jnp.log(safe) - log_pred), 0.0))
+
+
+def _rownorm(x):
+  return x / jnp.maximum(jnp.sum(x, axis=1, keepdims=True), 1e-30)
+
+
+def unlearning_loss(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, kappa: float = 0.7,
+                    epsilon: float = 0.03, *, max_iterations: int = 100, threshold: float = 1e-4,
+                    solver: str = "ott", normalize_text_targets: bool = False, combine: str = "mean",
+                    lambda_sep: float = 1.0, sep_scope: str = "all", band=BAND):
+  """Stage 2 (Eq. 8-12): masked-OT soft targets over the extended N x (N+1) similarity, two KL terms, band term.
+
+  Cost C = (1 - S_ext) / max(1 - S_ext) (both sides share the max), mask of Eq. 8 (its transpose for the text side),
+  marginals 1/N over images and 1/(N+1) over texts + negative, Sinkhorn with epsilon on the normalised cost,
+  targets T = kappa rownorm(plan) + (1 - kappa) I (stop-gradient), logits Z = s S_ext:
+  L_img = 1/N sum KL(T_v || softmax_row(Z)), L_txt = 1/(N+1) sum KL(T_t || softmax_row(Z^T)).
+  """
+  forget_mask = jnp.asarray(forget_mask, bool)
+  n = forget_mask.shape[0]
+  s_ext = extended_similarity(image_emb, text_emb, neg_text_emb)
+  cost = 1.0 - jax.lax.stop_gradient(s_ext)
+  cost = cost / jnp.max(cost)
+  mask = transport_mask(forget_mask)
+  a_img = jnp.full((n,), 1.0 / n, jnp.float32)
+  b_txt = jnp.full((n + 1,), 1.0 / (n + 1), jnp.float32)
+  if solver == "ott":
+    # The public code stops when sum_i |u_i - u_i'| < threshold; since u changes by eps * log(a_i / r_i), that is,
+    # to first order, an L1 row-marginal error below threshold / (eps * n_rows) — ott's stopping quantity.
+    plan_v, info_v = masked_sinkhorn_with_info(cost, mask, a_img, b_txt, epsilon=epsilon,
+                                               max_iterations=max_iterations, threshold=threshold / (epsilon * n))
+    plan_t, info_t = masked_sinkhorn_with_info(cost.T, mask.T, b_txt, a_img, epsilon=epsilon,
+                                               max_iterations=max_iterations,
+                                               threshold=threshold / (epsilon * (n + 1)))
+    it_v, it_t = info_v["iterations"], info_t["iterations"]
+  elif solver == "reference":
+    plan_v, it_v = reference_sinkhorn(cost, mask, a_img, b_txt, epsilon=epsilon, max_iterations=max_iterations,
+                                      threshold=threshold)
+    plan_t, it_t = reference_sinkhorn(cost.T, mask.T, b_txt, a_img, epsilon=epsilon,
+                                      max_iterations=max_iterations, threshold=threshold)
+  else:
+    raise ValueError(f"unknown Sinkhorn solver {solver!r}; expected 'ott' or 'reference'")
+  eye = identity_targets(forget_mask)
+  targets_v = jax.lax.stop_gradient(kappa * _rownorm(plan_v) + (1.0 - kappa) * eye)
+  targets_t = kappa * _rownorm(plan_t) + (1.0 - kappa) * eye.T
+  if normalize_text_targets:
+    targets_t = _rownorm(targets_t)
+  targets_t = jax.lax.stop_gradient(targets_t)
+  logits = jnp.exp(_f32(logit_scale)) * s_ext
+  loss_img = _kl_sum(targets_v, jax.nn.log_softmax(logits, axis=1)) / n
+  loss_txt = _kl_sum(targets_t, jax.nn.log_softmax(logits.T, axis=1)) / (n + 1)
+  if combine == "mean":
+    loss_otr = 0.5 * (loss_img + loss_txt)
+  elif combine == "sum":
+    loss_otr = loss_img + loss_txt
+  else:
+    raise ValueError(f"unknown combine {combine!r}; expected 'mean' (public code) or 'sum' (paper Eq. 11)")
+  if sep_scope == "all":
+    loss_sep = band_loss(text_emb, neg_text_emb, None, band)
+  elif sep_scope == "retained":
+    loss_sep = band_loss(text_emb, neg_text_emb, (~forget_mask).astype(jnp.float32), band)
+  else:
+    raise ValueError(f"unknown sep_scope {sep_scope!r}; expected 'all' or 'retained'")
+  loss = loss_otr + lambda_sep * loss_sep
+  metrics = dict(loss_img=loss_img, loss_txt=loss_txt, loss_otr=loss_otr, loss_sep=loss_sep,
+                 sinkhorn_iterations_img=jnp.asarray(it_v, jnp.float32),
+                 sinkhorn_iterations_txt=jnp.asarray(it_t, jnp.float32),
+                 plan_img=plan_v, plan_txt=plan_t, targets_img=targets_v, targets_txt=targets_t, mask=mask,
+                 n_forget=jnp.sum(forget_mask.astype(jnp.float32)))
+  return loss, metrics

@@ -1,0 +1,162 @@
+"""NCU: noisy-correspondence unlearning of a pretrained CLIP (Han et al., ICCV 2025), and the gradient-ascent
+baseline of its Sec. 5.3.
+
+One run, one config, two stages (resumable in either):
+  * 'prompt' (method.epochs_prompt epochs): learn the hardest-negative prompt on the retained pairs of each global
+    batch (ncjax.losses.ncu.prompt_loss). The image tower is frozen; the text tower, token embedding, projection and
+    logit_scale train at lr_text as in the public code (method.train_text_in_prompt=False freezes them, as the paper
+    states); the prompt trains at lr_prompt.
+  * 'unlearn' (the remaining epochs): the masked-OT unlearning loss (ncjax.losses.ncu.unlearning_loss). The prompt,
+    the first `frozen_text_blocks` text blocks (5 of 12 in the code) and the text positional embedding are frozen;
+    everything else trains at lr_unlearn; logit_scale is clamped to [0, ln 100] after every step.
+The forget set is re-selected on every global batch from the current model (stop-gradient). Per-sample state keeps
+each example's last clean confidence and whether it was forgotten, for noise-detection metrics.
+The model starts from a CLIP checkpoint produced by ncjax (`method.init_from`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ncjax.losses import contrastive, ncu as ncu_loss
+from ncjax.methods.base import ParamGroup, Stage, Update
+from ncjax.methods.registry import register
+from ncjax.methods.two_tower import SingleModelMethod
+from ncjax.models.prompt import NegativePrompt, encode_negative_text
+
+MAX_LOGIT_SCALE = math.log(100.0)
+
+
+class _ForgetStateMixin:
+  """Per-sample confidence and forget flags, keyed by example id (last time each example was seen)."""
+
+  def init_state(self, capacity):
+    return dict(confidence=jnp.ones((capacity,), jnp.float32), forgotten=jnp.zeros((capacity,), bool))
+
+  @staticmethod
+  def record(state, ids, confidence, forget_mask):
+    return dict(state, confidence=state["confidence"].at[ids].set(jax.lax.stop_gradient(confidence)),
+                forgotten=state["forgotten"].at[ids].set(forget_mask))
+
+  def update_state(self, state, batch, metrics):
+    return self.record(state, batch["id"], metrics["confidence"], metrics["forget_mask"])
+
+  def clean_scores(self, params, state):
+    del params
+    return state["confidence"], state["forgotten"]
+
+
+@register("ncu")
+class NCU(_ForgetStateMixin, SingleModelMethod):
+
+  def create_modules(self):
+    mods = super().create_modules()
+    width = mods["model"].txt.width
+    mods["prompt"] = NegativePrompt(self.config.method.n_ctx, width, rngs=nnx.Rngs(self.config.seed + 1))
+    return mods
+
+  # --- losses ------------------------------------------------------------------------------------------------------
+  def _embed(self, params, batch):
+    mods = self.bind(params)
+    model = mods.model
+    img = model.encode_image(batch["image"])
+    txt = model.encode_text(batch["tokens"])
+    neg = encode_negative_text(model, mods.prompt, batch["tokens"], self.tokenizer.unk_id
+                               if hasattr(self.tokenizer, "unk_id") else 1)
+    return model, img, txt, neg
+
+  def _forget(self, img, txt, logit_scale):
+    m = self.config.method
+    return ncu_loss.select_forget(img, txt, logit_scale, m.forget_ratio, m.forget_score)
+
+  def prompt_stage_loss(self, params, state, batch, rng):
+    del rng
+    lc = self.config.loss
+    model, img, txt, neg = self._embed(params, batch)
+    scale = model.get_logit_scale()
+    forget, conf = self._forget(img, txt, scale)
+    loss, metrics = ncu_loss.prompt_loss(img, txt, neg, scale, forget, lambda_rel=lc.lambda_rel,
+                                         lambda_sep=lc.lambda_sep_prompt, rel=lc.rel, use_itm=lc.use_itm,
+                                         use_neg_itm=lc.use_neg_itm, use_rel=lc.use_rel, use_sep=lc.use_sep)
+    metrics["forget_fraction"] = jnp.mean(forget.astype(jnp.float32))
+    return loss, (metrics, self.record(state, batch["id"], conf, forget))
+
+  def unlearn_stage_loss(self, params, state, batch, rng):
+    del rng
+    lc = self.config.loss
+    model, img, txt, neg = self._embed(params, batch)
+    scale = model.get_logit_scale()
+    forget, conf = self._forget(img, txt, scale)
+    loss, metrics = ncu_loss.unlearning_loss(
+        img, txt, neg, scale, forget, lc.kappa, lc.epsilon, max_iterations=lc.sinkhorn_iterations,
+        threshold=lc.sinkhorn_threshold, solver=lc.solver, normalize_text_targets=lc.normalize_text_targets,
+        combine=lc.combine, lambda_sep=lc.lambda_sep, sep_scope=lc.sep_scope)
+    metrics["logit_scale"] = jnp.exp(scale)
+    return loss, (metrics, self.record(state, batch["id"], conf, forget))
+
+  # --- schedule ------------------------------------------------------------------------------------------------------
+  def stages(self):
+    m, optim = self.config.method, self.config.optim
+    frozen = [ParamGroup(optim.freeze, None, name="frozen")] if optim.freeze else []
+    text_groups = ([ParamGroup(r"model/txt/.*|model/logit_scale", m.lr_text, optim.weight_decay, name="text")]
+                   if m.train_text_in_prompt else [])
+    prompt_stage = Stage("prompt", m.epochs_prompt, (Update("prompt", self.prompt_stage_loss, tuple(
+        frozen + [ParamGroup(r"prompt/.*", m.lr_prompt, m.weight_decay_prompt, name="prompt")] + text_groups
+        + [ParamGroup(".*", None, name="frozen_rest")])),))
+    blocks = "|".join(str(i) for i in range(m.frozen_text_blocks))
+    frozen_text = rf"model/txt/(block_({blocks})/.*|pos_embedding)" if blocks else r"model/txt/pos_embedding"
+    unlearn_stage = Stage("unlearn", self.config.num_epochs - m.epochs_prompt, (Update(
+        "unlearn", self.unlearn_stage_loss, tuple(
+            frozen + [ParamGroup(r"prompt/.*", None, name="prompt_frozen"),
+                      ParamGroup(frozen_text, None, name="text_frozen"),
+                      ParamGroup(".*", m.lr_unlearn, optim.weight_decay, name="unlearn")])),))
+    if self.config.num_epochs <= m.epochs_prompt:
+      raise ValueError(f"num_epochs={self.config.num_epochs} leaves no unlearning epochs after "
+                       f"method.epochs_prompt={m.epochs_prompt}")
+    return (prompt_stage, unlearn_stage)
+
+  def post_update(self, params, stage):
+    if stage.name != "unlearn":
+      return params
+    model = dict(params["model"], logit_scale=jnp.clip(params["model"]["logit_scale"], 0.0, MAX_LOGIT_SCALE))
+    return dict(params, model=model)
+
+
+def label_smoothed_infonce_terms(logits, smoothing: float):
+  """Per-pair symmetric CLIP loss with label smoothing (targets (1 - eps) on the diagonal, eps spread uniformly)."""
+  n = logits.shape[0]
+  targets = (1.0 - smoothing) * jnp.eye(n, dtype=jnp.float32) + smoothing / n
+  i2t = -jnp.sum(targets * jax.nn.log_softmax(logits, axis=1), axis=1)
+  t2i = -jnp.sum(targets * jax.nn.log_softmax(logits, axis=0), axis=0)
+  return 0.5 * (i2t + t2i)
+
+
+@register("ncu_ga")
+class GradientAscent(_ForgetStateMixin, SingleModelMethod):
+  """NCU paper Sec. 5.3's gradient-ascent baseline: -L_CLIP on the per-batch forget set (selected as NCU does) plus
+  label-smoothed L_CLIP on the retained set; both over the global batch's logits."""
+
+  def model_loss(self, model, batch, rng):
+    del rng
+    m, lc = self.config.method, self.config.loss
+    img, txt = model.encode_image(batch["image"]), model.encode_text(batch["tokens"])
+    scale = model.get_logit_scale()
+    forget, conf = ncu_loss.select_forget(img, txt, scale, m.forget_ratio, m.forget_score)
+    logits = contrastive.cosine_logits(img, txt, scale)
+    _, base = contrastive.infonce_from_logits(logits)
+    smoothed = label_smoothed_infonce_terms(logits, lc.label_smoothing)
+    f = forget.astype(jnp.float32)
+    n_f, n_r = jnp.maximum(f.sum(), 1.0), jnp.maximum((1 - f).sum(), 1.0)
+    ascent = -jnp.sum(f * base["per_pair_loss"]) / n_f
+    retain = jnp.sum((1 - f) * smoothed) / n_r
+    loss = lc.ga_weight * ascent + retain
+    return loss, dict(loss_ascent=ascent, loss_retain=retain, logit_scale=jnp.exp(scale), confidence=conf,
+                      forget_mask=forget)
+
+  def post_update(self, params, stage):
+    model = dict(params["model"], logit_scale=jnp.clip(params["model"]["logit_scale"], 0.0, MAX_LOGIT_SCALE))
+    return dict(params, model=model)
