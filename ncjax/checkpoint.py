@@ -65,20 +65,34 @@ def checkpoint_dir(workdir: str) -> str:
   return os.path.join(workdir, "checkpoints")
 
 
-def restore_params(path: str, abstract_params=None):
-  """Parameters from a checkpoint: `path` is a workdir (latest step), a workdir/checkpoints dir or a step dir."""
+def _locate(path: str) -> tuple[str, int | None]:
   path = os.path.abspath(path)
-  step = None
   base = os.path.basename(path.rstrip("/"))
   if base.isdigit() and os.path.isdir(os.path.join(path, "state")):
-    directory, step = os.path.dirname(path), int(base)
-  elif os.path.isdir(os.path.join(path, "checkpoints")):
-    directory = os.path.join(path, "checkpoints")
-  else:
-    directory = path
-  if not os.path.isdir(directory):
-    raise FileNotFoundError(f"no checkpoint directory at {path} (expected WORKDIR, WORKDIR/checkpoints or "
-                            f"WORKDIR/checkpoints/STEP)")
+    return os.path.dirname(path), int(base)
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return os.path.join(path, "checkpoints"), None
+  if os.path.isdir(path):
+    return path, None
+  raise FileNotFoundError(f"no checkpoint directory at {path} (expected WORKDIR, WORKDIR/checkpoints or "
+                          f"WORKDIR/checkpoints/STEP)")
+
+
+def read_source_meta(path: str) -> dict:
+  """Metadata (config, tokenizer, ...) of the checkpoint `path` points at (latest step of a workdir)."""
+  directory, step = _locate(path)
+  ckpt = Checkpointer(directory, async_save=False)
+  step = ckpt.latest_step() if step is None else step
+  if step is None:
+    raise FileNotFoundError(f"{directory} holds no finished checkpoint")
+  meta = ckpt.read_meta(step)
+  ckpt.close()
+  return meta
+
+
+def restore_params(path: str, abstract_params=None):
+  """Parameters from a checkpoint: `path` is a workdir (latest step), a workdir/checkpoints dir or a step dir."""
+  directory, step = _locate(path)
   ckpt = Checkpointer(directory, async_save=False)
   step = ckpt.latest_step() if step is None else step
   if step is None:

@@ -35,18 +35,14 @@ def _load_config(name: str, arg: str):
   return mod.get_config(arg)
 
 
-def run_row(name: str, config_name: str, arg: str, **overrides):
+def run_row(name: str, config_name: str, arg: str, init: str | None = None, workdirs=None):
   from ncjax import main as main_lib, train
+  if init is not None:  # start from an earlier row's model (unlearning methods)
+    arg = f"{arg},init={workdirs[init]}" if arg else f"init={workdirs[init]}"
   cfg = _load_config(config_name, arg)
   with cfg.unlocked():
     cfg.log.progress = True
-    for key, value in overrides.items():
-      node = cfg
-      *parents, leaf = key.split(".")
-      for p in parents:
-        node = node[p]
-      node[leaf] = value
-  workdir = os.path.join(RESULTS_DIR, name.replace(" ", "_").replace("%", "pct"))
+  workdir = _workdir(name)
   shutil.rmtree(workdir, ignore_errors=True)
   print(f"\n== {name}: {config_name}.py:{arg}", flush=True)
   t0 = time.perf_counter()
@@ -56,24 +52,36 @@ def run_row(name: str, config_name: str, arg: str, **overrides):
   det = evals.get("noise_detection", {})
   return dict(name=name, noise=cfg.noise.ratio, zeroshot=evals["zeroshot"]["acc1"],
               i2t=evals["retrieval"]["i2t_R@1"], t2i=evals["retrieval"]["t2i_R@1"],
-              rsum=evals["retrieval"]["rsum"], auc=det.get("auc", float("nan")), seconds=seconds,
-              workdir=workdir)
+              rsum=evals["retrieval"]["rsum"], auc=det.get("auc", float("nan")),
+              precision=det.get("precision", float("nan")), recall=det.get("recall", float("nan")),
+              seconds=seconds, workdir=workdir)
 
 
+def _workdir(name: str) -> str:
+  return os.path.join(RESULTS_DIR, name.replace(" ", "_").replace("%", "pct").replace("(", "").replace(")", ""))
+
+
+# (row name, config, config argument, row whose model it starts from)
 ROWS = [
-    ("CLIP (clean captions)", "clip", "noise=0.0"),
-    ("CLIP (40% noisy)", "clip", "noise=0.4"),
+    ("CLIP (clean captions)", "clip", "noise=0.0", None),
+    ("CLIP (40% noisy)", "clip", "noise=0.4", None),
+    ("NCU unlearning", "ncu", "", "CLIP (40% noisy)"),
+    ("Gradient ascent", "ncu", "method=ncu_ga", "CLIP (40% noisy)"),
 ]
 
 
+def _num(x, fmt):
+  return "-" if x != x else format(x, fmt)
+
+
 def format_table(rows) -> str:
-  head = f"{'method':<26} {'noise':>5} {'zero-shot':>9} {'i2t R@1':>8} {'t2i R@1':>8} {'rsum':>7} " \
-         f"{'noise AUC':>9} {'time':>7}"
+  head = f"{'method':<24} {'noise':>5} {'zero-shot':>9} {'i2t R@1':>8} {'t2i R@1':>8} {'rsum':>7} " \
+         f"{'noise AUC':>9} {'forget P':>8} {'forget R':>8} {'time':>6}"
   lines = [head, "-" * len(head)]
   for r in rows:
-    auc = "-" if r["auc"] != r["auc"] else f"{r['auc']:.3f}"
-    lines.append(f"{r['name']:<26} {r['noise']:>5.0%} {100 * r['zeroshot']:>8.1f}% {r['i2t']:>7.1f}% "
-                 f"{r['t2i']:>7.1f}% {r['rsum']:>7.1f} {auc:>9} {r['seconds']:>6.0f}s")
+    lines.append(f"{r['name']:<24} {r['noise']:>5.0%} {100 * r['zeroshot']:>8.1f}% {r['i2t']:>7.1f}% "
+                 f"{r['t2i']:>7.1f}% {r['rsum']:>7.1f} {_num(r['auc'], '.3f'):>9} {_num(r['precision'], '.3f'):>8} "
+                 f"{_num(r['recall'], '.3f'):>8} {r['seconds']:>5.0f}s")
   return "\n".join(lines)
 
 
@@ -81,7 +89,10 @@ def main():
   jax = _setup_jax()
   print(f"ncjax demo: digits image-caption pairs on {len(jax.devices())} simulated CPU devices", flush=True)
   t0 = time.perf_counter()
-  rows = [run_row(*row) for row in ROWS]
+  rows, workdirs = [], {}
+  for name, config_name, arg, init in ROWS:
+    rows.append(run_row(name, config_name, arg, init, workdirs))
+    workdirs[name] = rows[-1]["workdir"]
   table = format_table(rows)
   print("\nResults (digits test split: 359 images, 718 captions; noise AUC over the training pairs)\n")
   print(table)
@@ -89,7 +100,8 @@ def main():
   with open(os.path.join(RESULTS_DIR, "results.md"), "w") as f:
     f.write(table + "\n")
   print("\nnoise AUC: ROC-AUC of each model's clean score for the training pairs (its similarity, or the method's own "
-        "score) against the ground-truth clean flags, which no training loss sees.")
+        "score) against the ground-truth clean flags, which no training loss sees. forget P/R: precision and recall of "
+        "the pairs an unlearning method put in its forget set (each pair's last batch) as noisy.")
   pngs = sorted(os.path.join(r["workdir"], "eval", f) for r in rows
                 for f in os.listdir(os.path.join(r["workdir"], "eval")) if f.endswith(".png"))
   print("plots:\n  " + "\n  ".join(pngs))

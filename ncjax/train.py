@@ -217,6 +217,9 @@ class Trainer:
       raise FileNotFoundError(f"{workdir} has no checkpoint at step {step}; it has {self.checkpointer.all_steps()}")
     self.resume_meta = self.checkpointer.read_meta(latest) if latest is not None else None
     saved_tok = self.resume_meta["tokenizer"] if self.resume_meta else None
+    if saved_tok is None and config.method.init_from:
+      # Starting from another run's weights: its vocabulary comes with them.
+      saved_tok = ckpt_lib.read_source_meta(config.method.init_from)["tokenizer"]
     self.exp = build_experiment(config, devices=devices, saved_tokenizer=saved_tok)
     exp = self.exp
     if exp.steps_per_epoch < 1:

@@ -25,7 +25,7 @@ from flax import nnx
 from ncjax.losses import contrastive, ncu as ncu_loss
 from ncjax.methods.base import ParamGroup, Stage, Update
 from ncjax.methods.registry import register
-from ncjax.methods.two_tower import SingleModelMethod
+from ncjax.methods.two_tower import SingleModelMethod, TwoTowerMethod
 from ncjax.models.prompt import NegativePrompt, encode_negative_text
 
 MAX_LOGIT_SCALE = math.log(100.0)
@@ -51,7 +51,7 @@ class _ForgetStateMixin:
 
 
 @register("ncu")
-class NCU(_ForgetStateMixin, SingleModelMethod):
+class NCU(_ForgetStateMixin, TwoTowerMethod):
 
   def create_modules(self):
     mods = super().create_modules()
@@ -108,7 +108,8 @@ class NCU(_ForgetStateMixin, SingleModelMethod):
         frozen + [ParamGroup(r"prompt/.*", m.lr_prompt, m.weight_decay_prompt, name="prompt")] + text_groups
         + [ParamGroup(".*", None, name="frozen_rest")])),))
     blocks = "|".join(str(i) for i in range(m.frozen_text_blocks))
-    frozen_text = rf"model/txt/(block_({blocks})/.*|pos_embedding)" if blocks else r"model/txt/pos_embedding"
+    frozen_text = (rf"model/txt/(transformer/block_({blocks})/.*|pos_embedding)" if blocks
+                   else r"model/txt/pos_embedding")
     unlearn_stage = Stage("unlearn", self.config.num_epochs - m.epochs_prompt, (Update(
         "unlearn", self.unlearn_stage_loss, tuple(
             frozen + [ParamGroup(r"prompt/.*", None, name="prompt_frozen"),

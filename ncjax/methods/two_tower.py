@@ -1,4 +1,4 @@
-"""Shared base for methods that train one two-tower model with a single loss."""
+"""Shared bases: methods built around one two-tower model ('model'), and those with a single loss and stage."""
 
 from __future__ import annotations
 
@@ -8,14 +8,18 @@ from ncjax import models
 from ncjax.methods.base import Method, Stage, Update
 
 
-class SingleModelMethod(Method):
-  """One TwoTower under the name 'model', one stage of `config.num_epochs`, one update of `model_loss`."""
+class TwoTowerMethod(Method):
+  """A method whose main module is one TwoTower named 'model' (built from config.model and the tokenizer)."""
 
   def create_modules(self):
     tok = self.tokenizer
     model = models.build_two_tower(self.config.model, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
                                    pad_id=tok.pad_id, seed=self.config.seed)
     return {"model": model}
+
+
+class SingleModelMethod(TwoTowerMethod):
+  """One TwoTower under the name 'model', one stage of `config.num_epochs`, one update of `model_loss`."""
 
   @abc.abstractmethod
   def model_loss(self, model, batch, rng):
