@@ -1,6 +1,6 @@
 """Methods: step builders composed from ncjax.losses. Importing this package registers the built-in methods."""
 
-from ncjax.methods import clip, ncu, siglip  # noqa: F401
+from ncjax.methods import bayes, clip, gsc, ncu, siglip  # noqa: F401
 from ncjax.methods.base import (DIAGNOSTIC_KEYS, EvalModel, Method, ParamGroup, Stage, Update, group_labels,
                                 param_path)
 from ncjax.methods.registry import METHODS, build_method, register

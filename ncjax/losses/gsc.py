@@ -1,0 +1,88 @@
+"""GSC — "Mitigating Noisy Correspondence by Geometrical Structure Consistency Learning" (Zhao et al., CVPR 2024).
+
+Restated from the public code (MediaBrain-SJTU/GSC, `RINCE.train_batch`; shared/reference/methods.md §2.1):
+
+  cross-modal:  l_CM_i = 1/2 [-log softmax_row(S/tau1)_ii - log softmax_col(S/tau1)_ii] * y_i
+                (negatives in the denominators are not purified; only the per-sample loss is weighted)
+  indicator:    y_CM_i = 1/2 [softmax_row(S/tau1)_ii + softmax_col(S/tau1)_ii]            (stop-gradient)
+  intra-modal:  A' = A * y (columns), B' = Bc * y (columns);
+                l_IM_i = -log softmax_row(A' B'^T / tau2)_ii * y_i   (raw dot products, row direction only)
+  structure:    S_IM_i = cos(A'_i, B'_i)                                                     (stop-gradient)
+  L = mean_i l_CM_i + gamma * mean_i l_IM_i
+
+S, A, Bc are B x B similarity matrices in their final form: sigmoid(SGR scores) in the public code's region
+backbone, cosines for CLIP towers.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _f32(x):
+  return jnp.asarray(x, jnp.float32)
+
+
+def cross_modal_indicator(sim, tau1: float = 0.07):
+  """y_CM_i: mean of the row- and column-softmax diagonals at temperature tau1."""
+  logits = _f32(sim) / tau1
+  return 0.5 * (jnp.diagonal(jax.nn.softmax(logits, axis=1)) + jnp.diagonal(jax.nn.softmax(logits, axis=0)))
+
+
+def structure_score(image_sim, text_sim, y=None):
+  """S_IM_i = cos(A'_i, B'_i) with the columns of both intra-modal structures weighted by y."""
+  a, bc = _f32(image_sim), _f32(text_sim)
+  if y is not None:
+    a, bc = a * _f32(y)[None, :], bc * _f32(y)[None, :]
+  num = jnp.sum(a * bc, axis=1)
+  den = jnp.linalg.norm(a, axis=1) * jnp.linalg.norm(bc, axis=1)
+  return num / jnp.maximum(den, 1e-12)
+
+
+def batch_loss(sim, image_sim, text_sim, y, tau1: float = 0.07, tau2: float = 1.0, gamma: float = 0.01):
+  """GSC's per-batch loss; returns (loss, metrics) with metrics['y_cm'] and metrics['s_im'] per sample."""
+  s = _f32(sim)
+  n = s.shape[0]
+  y = jnp.ones((n,), jnp.float32) if y is None else _f32(y)
+  logits = s / tau1
+  diag = jnp.diagonal(logits)
+  l_row = jax.nn.logsumexp(logits, axis=1) - diag
+  l_col = jax.nn.logsumexp(logits, axis=0) - diag
+  loss_cm = jnp.mean(0.5 * (l_row + l_col) * y)
+  a = _f32(image_sim) * y[None, :]
+  bc = _f32(text_sim) * y[None, :]
+  im_logits = (a @ bc.T) / tau2
+  l_im = (jax.nn.logsumexp(im_logits, axis=1) - jnp.diagonal(im_logits)) * y
+  loss_im = jnp.mean(l_im)
+  loss = loss_cm + gamma * loss_im
+  metrics = dict(loss_cm=loss_cm, loss_im=loss_im,
+                 y_cm=jax.lax.stop_gradient(cross_modal_indicator(s, tau1)),
+                 s_im=jax.lax.stop_gradient(structure_score(image_sim, text_sim, y)),
+                 mean_label=jnp.mean(y))
+  return loss, metrics
+
+
+def update_labels(state, valid, beta: float = 0.7, gmm_kwargs=None):
+  """The once-per-epoch, dataset-wide label update (methods.md §2.2), jittable, over sharded per-sample state.
+
+  state: {'pred': y_CM of the epoch, 'topo': S_IM of the epoch, 'pred_target', 'topo_target', 'y'}, arrays indexed
+  by example id; valid: bool mask of real examples (the state is padded to a multiple of the device count).
+    1. min-max normalise topo over the valid examples;
+    2. fit a 2-component GMM; prob = posterior of the component with the larger mean;
+    3. topo_target <- beta * prob + (1 - beta) * topo_target;  pred_target <- beta * pred + (1 - beta) * pred_target;
+    4. y = min(pred_target, topo_target).
+  """
+  from ncjax.samplers import gmm
+  topo = _f32(state["topo"])
+  valid = jnp.asarray(valid, bool)
+  big = jnp.finfo(jnp.float32).max
+  lo = jnp.min(jnp.where(valid, topo, big))
+  hi = jnp.max(jnp.where(valid, topo, -big))
+  normed = jnp.where(valid, (topo - lo) / jnp.maximum(hi - lo, 1e-12), 0.0)
+  params = gmm.fit(normed, sample_mask=valid, **(gmm_kwargs or {}))
+  prob = gmm.posterior_of_larger_mean(params, normed)
+  topo_target = jnp.where(valid, beta * prob + (1 - beta) * state["topo_target"], state["topo_target"])
+  pred_target = jnp.where(valid, beta * state["pred"] + (1 - beta) * state["pred_target"], state["pred_target"])
+  y = jnp.where(valid, jnp.minimum(pred_target, topo_target), 1.0)
+  return dict(state, topo_target=topo_target, pred_target=pred_target, y=y, clean_prob=prob)

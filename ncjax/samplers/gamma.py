@@ -1,0 +1,71 @@
+"""Gibbs sampling of the Gamma pair weights of Bayesian contrastive learning (paper Eq. 5-6, rate parameterised).
+
+For anchor i with positive score s_i+ and negative scores s_ik- (s = exp(logit)):
+  u_i    | .  ~ Ga(a_u, b_u + w_i+ s_i+ + sum_k w_ik- s_ik-)
+  w_i+   | .  ~ Ga(1 + a_+, u_i s_i+ + b_+)
+  w_ik-  | .  ~ Ga(a_-, u_i s_ik- + b_-)
+Everything is sampled in log space (jax.random.loggamma, rates by logsumexp): with the paper's b = 0 the scale of
+(u, w) drifts by about K a_- per sweep (methods.md §3.2) and linear-space float32 under/overflows within two sweeps
+on sharp logits. `gibbs_log` returns logs; `gibbs` exponentiates them (and may overflow exactly where the model is
+degenerate). jax.random draws unit-rate Gammas, so a draw is divided by (log: minus) its rate.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def _log_rate(log_terms, b):
+  """log(b + exp(log_terms)) with b >= 0 (b = 0 -> log_terms)."""
+  return jnp.logaddexp(jnp.log(jnp.asarray(b, jnp.float32)), log_terms)
+
+
+def sample_log_u(key, log_pos, log_neg, log_w_pos, log_w_neg, mask, a_u, b_u):
+  """log u | w ~ log Ga(a_u, b_u + w+ s+ + sum_k w_k- s_k-) (Eq. 5)."""
+  terms = jnp.concatenate([(log_w_pos + log_pos)[:, None], jnp.where(mask, log_w_neg + log_neg, -jnp.inf)], axis=1)
+  return (jax.random.loggamma(key, jnp.full(log_pos.shape, a_u, jnp.float32))
+          - _log_rate(jax.nn.logsumexp(terms, axis=1), b_u))
+
+
+def sample_log_w_pos(key, log_u, log_pos, a_pos, b_pos):
+  """log w+ | u ~ log Ga(1 + a_+, u s+ + b_+) (Eq. 6)."""
+  return jax.random.loggamma(key, jnp.full(log_pos.shape, 1.0 + a_pos, jnp.float32)) - _log_rate(log_u + log_pos,
+                                                                                                    b_pos)
+
+
+def sample_log_w_neg(key, log_u, log_neg, mask, a_neg, b_neg):
+  """log w_k- | u ~ log Ga(a_-, u s_k- + b_-) (Eq. 6); -inf (w = 0) where mask is False."""
+  draw = jax.random.loggamma(key, jnp.full(log_neg.shape, a_neg, jnp.float32)) - _log_rate(
+      log_u[:, None] + log_neg, b_neg)
+  return jnp.where(mask, draw, -jnp.inf)
+
+
+def gibbs_log(key, log_pos, log_neg, a_u=1.0, b_u=0.0, a_pos=5.0, b_pos=0.0, a_neg=10.0, b_neg=0.0,
+              n_sweeps: int = 2, w_init: float = 1.0, neg_mask=None):
+  """(log u, log w_pos, log w_neg) after `n_sweeps` sweeps from w = w_init (Algorithm 1, lines 4-8).
+
+  log_pos: (B,) positive logits; log_neg: (B, K) negative logits; neg_mask (B, K) marks real negatives.
+  """
+  log_pos = jnp.asarray(log_pos, jnp.float32)
+  log_neg = jnp.asarray(log_neg, jnp.float32)
+  mask = jnp.ones(log_neg.shape, bool) if neg_mask is None else jnp.asarray(neg_mask, bool)
+  log_w_pos = jnp.full(log_pos.shape, jnp.log(w_init), jnp.float32)
+  log_w_neg = jnp.where(mask, jnp.log(w_init), -jnp.inf).astype(jnp.float32)
+  log_u = jnp.zeros(log_pos.shape, jnp.float32)
+  for sweep in range(n_sweeps):
+    k_u, k_p, k_n = jax.random.split(jax.random.fold_in(key, sweep), 3)
+    log_u = sample_log_u(k_u, log_pos, log_neg, log_w_pos, log_w_neg, mask, a_u, b_u)
+    log_w_pos = sample_log_w_pos(k_p, log_u, log_pos, a_pos, b_pos)
+    log_w_neg = sample_log_w_neg(k_n, log_u, log_neg, mask, a_neg, b_neg)
+  return log_u, log_w_pos, log_w_neg
+
+
+def gibbs(key, s_pos, s_neg, a_u=1.0, b_u=0.0, a_pos=5.0, b_pos=0.0, a_neg=10.0, b_neg=0.0, n_sweeps: int = 2,
+          w_init: float = 1.0, neg_mask=None, log_space: bool = False):
+  """(u, w_pos, w_neg) in linear space. s_pos (B,), s_neg (B, K) are scores (their logs with log_space=True)."""
+  if not log_space:
+    s_pos, s_neg = jnp.log(jnp.asarray(s_pos, jnp.float32)), jnp.log(jnp.asarray(s_neg, jnp.float32))
+  log_u, log_wp, log_wn = gibbs_log(key, s_pos, s_neg, a_u, b_u, a_pos, b_pos, a_neg, b_neg, n_sweeps, w_init,
+                                    neg_mask)
+  return jnp.exp(log_u), jnp.exp(log_wp), jnp.exp(log_wn)

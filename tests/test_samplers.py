@@ -1,0 +1,120 @@
+"""GMM parity with scikit-learn, Gamma conditionals against their analytic means, and the b = 0 degeneracy."""
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+import pytest
+from scipy import stats
+
+from ncjax.samplers import gamma, gmm
+
+
+def _bimodal(n=3000, seed=0):
+  rng = np.random.default_rng(seed)
+  clean = rng.uniform(size=n) < 0.6
+  x = np.where(clean, rng.normal(0.9, 0.03, n), rng.normal(0.6, 0.08, n))
+  return ((x - x.min()) / (x.max() - x.min())).astype(np.float32), clean
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gmm_matches_sklearn(seed):
+  from sklearn.mixture import GaussianMixture
+  x, _ = _bimodal(seed=seed)
+  ref = GaussianMixture(n_components=2, max_iter=10, tol=1e-2, reg_covar=5e-4, random_state=0).fit(x[:, None])
+  ours = gmm.fit(x)
+  order_ref, order_ours = np.argsort(ref.means_.ravel()), np.argsort(np.asarray(ours.means))
+  np.testing.assert_allclose(np.asarray(ours.means)[order_ours], ref.means_.ravel()[order_ref], atol=1e-3)
+  np.testing.assert_allclose(np.asarray(ours.variances)[order_ours], ref.covariances_.ravel()[order_ref], atol=1e-3)
+  np.testing.assert_allclose(np.asarray(ours.weights)[order_ours], ref.weights_[order_ref], atol=1e-3)
+  p_ref = ref.predict_proba(x[:, None])[:, ref.means_.argmax()]
+  np.testing.assert_allclose(np.asarray(gmm.posterior_of_larger_mean(ours, x)), p_ref, atol=1e-3)
+
+
+def test_gmm_sharded_equals_unsharded_and_ignores_masked_padding(devices):
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  x, _ = _bimodal(n=4000)
+  mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+  xs = jax.device_put(x, NamedSharding(mesh, P("d")))
+  a, b = gmm.fit(x), gmm.fit(xs)
+  np.testing.assert_allclose(np.asarray(a.means), np.asarray(b.means), atol=1e-5)
+  padded = np.concatenate([x, np.full(96, 5.0, np.float32)])  # garbage padding, masked out
+  c = gmm.fit(padded, sample_mask=np.arange(len(padded)) < len(x))
+  np.testing.assert_allclose(np.asarray(c.means), np.asarray(a.means), atol=1e-5)
+
+
+def test_gamma_conditional_means_match_analytic():
+  key = jax.random.PRNGKey(0)
+  m = 20000
+  log_pos = jnp.log(jnp.full((m,), 3.0))
+  log_neg = jnp.log(jnp.tile(jnp.array([[0.5, 2.0, 1.0]]), (m, 1)))
+  mask = jnp.ones((m, 3), bool)
+  w_pos, w_neg = jnp.full((m,), 1.5), jnp.tile(jnp.array([[0.5, 1.0, 2.0]]), (m, 1))
+  a_u, b_u, a_pos, b_pos, a_neg, b_neg = 2.0, 0.5, 5.0, 1.0, 10.0, 2.0
+  u = jnp.exp(gamma.sample_log_u(key, log_pos, log_neg, jnp.log(w_pos), jnp.log(w_neg), mask, a_u, b_u))
+  rate_u = b_u + 1.5 * 3.0 + (0.5 * 0.5 + 1.0 * 2.0 + 2.0 * 1.0)
+  se = np.sqrt(a_u) / rate_u / np.sqrt(m)
+  assert float(jnp.mean(u)) == pytest.approx(a_u / rate_u, abs=4 * se)
+  u_fixed = jnp.full((m,), 0.7)
+  wp = jnp.exp(gamma.sample_log_w_pos(jax.random.PRNGKey(1), jnp.log(u_fixed), log_pos, a_pos, b_pos))
+  mean_p = (1 + a_pos) / (0.7 * 3.0 + b_pos)
+  assert float(jnp.mean(wp)) == pytest.approx(mean_p, abs=4 * np.sqrt(1 + a_pos) / (0.7 * 3 + b_pos) / np.sqrt(m))
+  wn = jnp.exp(gamma.sample_log_w_neg(jax.random.PRNGKey(2), jnp.log(u_fixed), log_neg, mask, a_neg, b_neg))
+  rates = 0.7 * np.array([0.5, 2.0, 1.0]) + b_neg
+  np.testing.assert_allclose(np.asarray(jnp.mean(wn, 0)), a_neg / rates, atol=4 * np.sqrt(a_neg) / rates.min() / np.sqrt(m))
+
+
+def test_b_zero_sampler_is_uninformative_and_scale_drifts():
+  """methods.md §3.2: with b = 0, u w_k s_k ~ Ga(a_-, 1) whatever s, and the weighted p+ ~ (1+a+)/(1+a+ + K a-)."""
+  k = 63
+  rng = np.random.default_rng(0)
+  logits_sharp = jnp.asarray(rng.normal(size=(64, 64)) / 0.07, jnp.float32)
+  logits_flat = logits_sharp * 0.07
+  outs = []
+  for logits in (logits_sharp, logits_flat):
+    mask = ~jnp.eye(64, dtype=bool)
+    lu, lwp, lwn = gamma.gibbs_log(jax.random.PRNGKey(3), jnp.diagonal(logits), logits, a_u=1.0, b_u=0.0,
+                                   a_pos=5.0, b_pos=0.0, a_neg=10.0, b_neg=0.0, n_sweeps=2, neg_mask=mask)
+    scaled = np.asarray(jnp.exp(lu[:, None] + jnp.where(mask, lwn, 0.0) + logits))[np.asarray(mask)]
+    assert stats.kstest(scaled, stats.gamma(a=10.0).cdf).pvalue > 0.01
+    log_pos = lwp + jnp.diagonal(logits)
+    log_neg = jax.nn.logsumexp(jnp.where(mask, lwn + logits, -jnp.inf), axis=1)
+    p_pos = np.asarray(jnp.exp(log_pos - jnp.logaddexp(log_pos, log_neg)))
+    outs.append(p_pos.mean())
+    assert float(jnp.median(lwp)) > np.log(100.0)   # nothing keeps the weights near 1
+  theory = 6.0 / (6.0 + k * 10.0)
+  for mean_p in outs:   # the same for sharp and flat similarities: no information about s
+    assert mean_p == pytest.approx(theory, rel=0.15)
+
+
+def test_weighted_infonce_reduces_to_infonce_and_em_gradient_matches():
+  from ncjax.losses import bayes, contrastive
+  rng = np.random.default_rng(0)
+  v = rng.normal(size=(16, 8)).astype(np.float32)
+  t = rng.normal(size=(16, 8)).astype(np.float32)
+  v /= np.linalg.norm(v, axis=1, keepdims=True)
+  t /= np.linalg.norm(t, axis=1, keepdims=True)
+  ones_p, ones_n = np.zeros(16, np.float32), np.zeros((16, 16), np.float32)   # log weights: w = 1
+
+  def weighted(v, t):
+    return bayes.weighted_infonce(contrastive.cosine_logits(v, t, 2.0), ones_p, ones_n, ones_p, ones_n)[0]
+
+  def plain(v, t):
+    return contrastive.infonce(v, t, 2.0)[0]
+
+  assert float(weighted(v, t)) == pytest.approx(float(plain(v, t)), rel=1e-6)
+  g1 = jax.grad(weighted, argnums=(0, 1))(v, t)
+  g0 = jax.grad(plain, argnums=(0, 1))(v, t)
+  for a, b in zip(g1, g0):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+  # M-step objective with w = 1 and u = 1/Z (Z from the current, stop-gradient logits): same gradient as InfoNCE rows.
+  def em(v):
+    logits = contrastive.cosine_logits(v, t, 2.0)
+    z = jnp.sum(jnp.exp(jax.lax.stop_gradient(logits)), axis=1)
+    return jnp.mean(bayes.em_loss_rows(logits, 1.0 / z, np.ones(16, np.float32), np.ones((16, 16), np.float32)))
+
+  def rows(v):
+    logits = contrastive.cosine_logits(v, t, 2.0)
+    return jnp.mean(jax.nn.logsumexp(logits, 1) - jnp.diagonal(logits))
+
+  np.testing.assert_allclose(np.asarray(jax.grad(em)(v)), np.asarray(jax.grad(rows)(v)), atol=1e-6)
