@@ -12,9 +12,9 @@ def main(argv=None):
   parser.add_argument("--suites", default="foundation,data,ncu", help="comma-separated suites to run")
   parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run of the benchmarks)")
   args = parser.parse_args(argv)
-  import jax
+  from ncjax import runtime
   # Simulated devices only matter on a CPU-only host; on an accelerator the default backend is the accelerator.
-  jax.config.update("jax_num_cpu_devices", int(os.environ.get("NCJAX_BENCH_CPU_DEVICES", "8")))
+  runtime.configure_cpu_devices(int(os.environ.get("NCJAX_BENCH_CPU_DEVICES", "8")))
   import absl.logging
   absl.logging.set_verbosity(absl.logging.WARNING)
   from benchmarks import data, foundation, ncu

@@ -11,11 +11,14 @@ from ncjax import config_lib
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, model="tiny", data="digits", noise=0.4, batch=256, epochs=40, coteach=False,
-                           gamma=0.01, lr=1e-3, temperature="fixed")
+                           gamma=0.01, lr=1e-3, temperature="fixed", warmup=-1)
   c = config_lib.base_config()
   c.method.name = "gsc"
   c.method.co_teaching = a.coteach
   c.method.beta = 0.7
+  # Epochs before the first label update. The public code has none by default (an epoch of F30K is ~1,100 steps);
+  # an epoch of digits is 5 steps, too few to learn anything before labels are estimated.
+  c.method.warmup_epochs = a.warmup if a.warmup >= 0 else (a.epochs // 2 if a.data == "digits" else 0)
   c.model.size = a.model
   c.input.dataset = a.data
   c.input.global_batch_size = a.batch

@@ -19,7 +19,8 @@ RESULTS_DIR = os.environ.get("NCJAX_DEMO_DIR", "demo_out")
 def _setup_jax():
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax
-  jax.config.update("jax_num_cpu_devices", 8)
+  from ncjax import runtime
+  runtime.configure_cpu_devices(8)
   import absl.logging
   absl.logging.set_verbosity(absl.logging.WARNING)
   return jax
@@ -67,6 +68,8 @@ ROWS = [
     ("CLIP (40% noisy)", "clip", "noise=0.4", None),
     ("NCU unlearning", "ncu", "", "CLIP (40% noisy)"),
     ("Gradient ascent", "ncu", "method=ncu_ga", "CLIP (40% noisy)"),
+    ("GSC", "gsc", "noise=0.4", None),
+    ("Bayesian CL", "bayes", "noise=0.4", None),
 ]
 
 
@@ -101,7 +104,8 @@ def main():
     f.write(table + "\n")
   print("\nnoise AUC: ROC-AUC of each model's clean score for the training pairs (its similarity, or the method's own "
         "score) against the ground-truth clean flags, which no training loss sees. forget P/R: precision and recall of "
-        "the pairs an unlearning method put in its forget set (each pair's last batch) as noisy.")
+        "the pairs an unlearning method put in its forget set (each pair's last batch) as noisy. GSC's clean score is its "
+        "soft label y, Bayesian CL's the weighted positive probability w+ s+ / (w+ s+ + sum w- s-).")
   pngs = sorted(os.path.join(r["workdir"], "eval", f) for r in rows
                 for f in os.listdir(os.path.join(r["workdir"], "eval")) if f.endswith(".png"))
   print("plots:\n  " + "\n  ".join(pngs))

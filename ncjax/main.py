@@ -38,8 +38,9 @@ COMMANDS = ("train", "eval")
 
 def _init_jax():
   import jax
+  from ncjax import runtime
   if _CPU_DEVICES.value:
-    jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
+    runtime.configure_cpu_devices(_CPU_DEVICES.value)
   if _NUM_PROCESSES.value > 1:
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
                                process_id=_PROCESS_ID.value)

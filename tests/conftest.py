@@ -4,9 +4,11 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
+from ncjax import runtime  # noqa: E402
 
-jax.config.update("jax_num_cpu_devices", 8)
+runtime.configure_cpu_devices(8)
+
+import jax  # noqa: E402
 
 import absl.logging  # noqa: E402
 import pytest  # noqa: E402

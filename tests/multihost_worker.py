@@ -5,7 +5,8 @@ import sys
 
 def main(process_id: int, num_processes: int, port: int, workdir: str, out: str, steps: int, devices: int):
   import jax
-  jax.config.update("jax_num_cpu_devices", devices)
+  from ncjax import runtime
+  runtime.configure_cpu_devices(devices)
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=num_processes,
                              process_id=process_id)
   import absl.logging

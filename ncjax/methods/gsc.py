@@ -68,10 +68,14 @@ class GSC(Method):
     return total, (metrics, new_state)
 
   def end_of_epoch(self, params, state, epoch):
-    del params, epoch
+    """The dataset-wide label update; skipped during `method.warmup_epochs` (labels stay 1, as the public code's
+    optional warm-up, off by default there: its epoch 0 is ~1,100 steps on F30K, long enough to learn first)."""
+    del params
     capacity = next(iter(state.values()))["y"].shape[0]
     valid = jnp.arange(capacity) < self.num_examples
-    return {name: gsc.update_labels(state[name], valid, self.config.method.beta) for name in self.nets}
+    updated = {name: gsc.update_labels(state[name], valid, self.config.method.beta) for name in self.nets}
+    active = epoch + 1 >= self.config.method.warmup_epochs
+    return jax.tree.map(lambda new, old: jnp.where(active, new, old), updated, state)
 
   def stages(self):
     groups = self.default_param_groups()
