@@ -315,7 +315,8 @@ class Trainer:
         prog = self.program(span)
         batch, ids, input_stats = next(batches)
         skipped += input_stats["skipped_records"]
-        state, metrics = prog.step(state, batch)
+        with jax.set_mesh(exp.mesh):  # losses may shard_map over the batch (e.g. per-row samplers)
+          state, metrics = prog.step(state, batch)
         if pending is not None:
           last_metrics = self._check_and_log(pending, writer, progress, (t_last, n_last))
           if pending[0] % cfg.log.every_steps == 0:
@@ -323,7 +324,9 @@ class Trainer:
         pending = (step + 1, ids, metrics, skipped)
         if exp.method.has_end_of_epoch and (step + 1) % exp.steps_per_epoch == 0:
           epoch = (step + 1) // exp.steps_per_epoch - 1
-          mstate = self.end_of_epoch_fn()(state["params"], state["method_state"], jnp.asarray(epoch, jnp.int32))
+          with jax.set_mesh(exp.mesh):
+            mstate = self.end_of_epoch_fn()(state["params"], state["method_state"],
+                                            jnp.asarray(epoch, jnp.int32))
           state = dict(state, method_state=mstate)
         if cfg.ckpt.every_steps and (step + 1) % cfg.ckpt.every_steps == 0:
           self.save(state, step + 1, span)

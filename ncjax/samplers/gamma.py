@@ -8,6 +8,11 @@ Everything is sampled in log space (jax.random.loggamma, rates by logsumexp): wi
 (u, w) drifts by about K a_- per sweep (methods.md §3.2) and linear-space float32 under/overflows within two sweeps
 on sharp logits. `gibbs_log` returns logs; `gibbs` exponentiates them (and may overflow exactly where the model is
 degenerate). jax.random draws unit-rate Gammas, so a draw is divided by (log: minus) its rate.
+
+Each anchor row is sampled with its own key (split from the step key), so the draws do not depend on how the batch
+is sharded; under a mesh context (jax.set_mesh, as the trainer runs) the rows are sampled device-locally with
+shard_map. That matters beyond speed: jax's Gamma draws are rejection loops, and on batch-sharded arrays every
+loop iteration would need a cross-device reduction.
 """
 
 from __future__ import annotations
@@ -22,23 +27,42 @@ def _log_rate(log_terms, b):
 
 
 def sample_log_u(key, log_pos, log_neg, log_w_pos, log_w_neg, mask, a_u, b_u):
-  """log u | w ~ log Ga(a_u, b_u + w+ s+ + sum_k w_k- s_k-) (Eq. 5)."""
-  terms = jnp.concatenate([(log_w_pos + log_pos)[:, None], jnp.where(mask, log_w_neg + log_neg, -jnp.inf)], axis=1)
-  return (jax.random.loggamma(key, jnp.full(log_pos.shape, a_u, jnp.float32))
-          - _log_rate(jax.nn.logsumexp(terms, axis=1), b_u))
+  """log u | w ~ log Ga(a_u, b_u + w+ s+ + sum_k w_k- s_k-) (Eq. 5); any leading shape, negatives on the last axis."""
+  terms = jnp.concatenate([(log_w_pos + log_pos)[..., None], jnp.where(mask, log_w_neg + log_neg, -jnp.inf)],
+                          axis=-1)
+  return (jax.random.loggamma(key, jnp.full(jnp.shape(log_pos), a_u, jnp.float32))
+          - _log_rate(jax.nn.logsumexp(terms, axis=-1), b_u))
 
 
 def sample_log_w_pos(key, log_u, log_pos, a_pos, b_pos):
   """log w+ | u ~ log Ga(1 + a_+, u s+ + b_+) (Eq. 6)."""
-  return jax.random.loggamma(key, jnp.full(log_pos.shape, 1.0 + a_pos, jnp.float32)) - _log_rate(log_u + log_pos,
-                                                                                                    b_pos)
+  return (jax.random.loggamma(key, jnp.full(jnp.shape(log_pos), 1.0 + a_pos, jnp.float32))
+          - _log_rate(log_u + log_pos, b_pos))
 
 
 def sample_log_w_neg(key, log_u, log_neg, mask, a_neg, b_neg):
   """log w_k- | u ~ log Ga(a_-, u s_k- + b_-) (Eq. 6); -inf (w = 0) where mask is False."""
   draw = jax.random.loggamma(key, jnp.full(log_neg.shape, a_neg, jnp.float32)) - _log_rate(
-      log_u[:, None] + log_neg, b_neg)
+      jnp.expand_dims(log_u, -1) + log_neg, b_neg)
   return jnp.where(mask, draw, -jnp.inf)
+
+
+def _gibbs_rows(keys, log_pos, log_neg, mask, hyper, n_sweeps, w_init):
+  """Gibbs sweeps for a block of rows, each row with its own key."""
+  a_u, b_u, a_pos, b_pos, a_neg, b_neg = hyper
+
+  def one_row(key, lp, ln, m):
+    log_wp = jnp.asarray(jnp.log(w_init), jnp.float32)
+    log_wn = jnp.where(m, jnp.log(w_init), -jnp.inf).astype(jnp.float32)
+    log_u = jnp.zeros((), jnp.float32)
+    for sweep in range(n_sweeps):
+      k_u, k_p, k_n = jax.random.split(jax.random.fold_in(key, sweep), 3)
+      log_u = sample_log_u(k_u, lp, ln, log_wp, log_wn, m, a_u, b_u)
+      log_wp = sample_log_w_pos(k_p, log_u, lp, a_pos, b_pos)
+      log_wn = sample_log_w_neg(k_n, log_u, ln, m, a_neg, b_neg)
+    return log_u, log_wp, log_wn
+
+  return jax.vmap(one_row)(keys, log_pos, log_neg, mask)
 
 
 def gibbs_log(key, log_pos, log_neg, a_u=1.0, b_u=0.0, a_pos=5.0, b_pos=0.0, a_neg=10.0, b_neg=0.0,
@@ -50,15 +74,14 @@ def gibbs_log(key, log_pos, log_neg, a_u=1.0, b_u=0.0, a_pos=5.0, b_pos=0.0, a_n
   log_pos = jnp.asarray(log_pos, jnp.float32)
   log_neg = jnp.asarray(log_neg, jnp.float32)
   mask = jnp.ones(log_neg.shape, bool) if neg_mask is None else jnp.asarray(neg_mask, bool)
-  log_w_pos = jnp.full(log_pos.shape, jnp.log(w_init), jnp.float32)
-  log_w_neg = jnp.where(mask, jnp.log(w_init), -jnp.inf).astype(jnp.float32)
-  log_u = jnp.zeros(log_pos.shape, jnp.float32)
-  for sweep in range(n_sweeps):
-    k_u, k_p, k_n = jax.random.split(jax.random.fold_in(key, sweep), 3)
-    log_u = sample_log_u(k_u, log_pos, log_neg, log_w_pos, log_w_neg, mask, a_u, b_u)
-    log_w_pos = sample_log_w_pos(k_p, log_u, log_pos, a_pos, b_pos)
-    log_w_neg = sample_log_w_neg(k_n, log_u, log_neg, mask, a_neg, b_neg)
-  return log_u, log_w_pos, log_w_neg
+  keys = jax.random.split(key, log_pos.shape[0])
+  hyper = (a_u, b_u, a_pos, b_pos, a_neg, b_neg)
+  fn = lambda k, p, n, m: _gibbs_rows(k, p, n, m, hyper, n_sweeps, w_init)
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and log_pos.shape[0] % mesh.size == 0:
+    rows = jax.sharding.PartitionSpec(tuple(mesh.axis_names))
+    fn = jax.shard_map(fn, in_specs=(rows, rows, rows, rows), out_specs=(rows, rows, rows), check_vma=False)
+  return fn(keys, log_pos, log_neg, mask)
 
 
 def gibbs(key, s_pos, s_neg, a_u=1.0, b_u=0.0, a_pos=5.0, b_pos=0.0, a_neg=10.0, b_neg=0.0, n_sweeps: int = 2,
