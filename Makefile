@@ -15,11 +15,12 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(PY) -m ncjax.demo
 
+# Tests are compile-bound (XLA compiles per process): one worker per core.
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n auto -m "not slow" tests
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto tests
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run

@@ -14,14 +14,9 @@ def get_config(arg=None):
                            weights="unit_prior", u_momentum=0.0, protocol="ncr")
   c = config_lib.base_config()
   c.method.name = "bayes"
-  c.model.size = a.model
-  c.input.dataset = a.data
-  c.input.global_batch_size = a.batch
-  c.num_epochs = a.epochs
-  if a.noise > 0:
-    # 'ncr': a fixed caption-shuffle index (comparable with the other rows); 'in_batch': the paper's protocol.
-    c.noise.kind = "caption_shuffle" if a.protocol == "ncr" else "in_batch_resample"
-    c.noise.ratio = a.noise
+  # protocol 'ncr': a fixed caption-shuffle index (comparable with the other rows); 'in_batch': the paper's.
+  config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs, noise=a.noise, lr=a.lr,
+                          noise_kind="caption_shuffle" if a.protocol == "ncr" else "in_batch_resample")
   c.loss.a_u, c.loss.b_u = 1.0, 0.0
   c.loss.a_pos, c.loss.b_pos = 5.0, 0.0
   c.loss.a_neg, c.loss.b_neg = 10.0, 0.0
@@ -29,10 +24,5 @@ def get_config(arg=None):
   c.loss.w_init = 1.0
   c.loss.weights = a.weights
   c.loss.u_momentum = a.u_momentum
-  c.optim.lr = a.lr
-  c.optim.weight_decay = 0.1
-  c.optim.warmup_steps = 20
-  c.evals.zeroshot = dict(type="zeroshot", split="test", templates="digits", every_steps=0)
-  c.evals.retrieval = dict(type="retrieval", split="test", every_steps=0)
-  c.evals.noise_detection = dict(type="noise_detection", every_steps=0)
+  config_lib.add_default_evals(c)
   return config_lib.lock(c)

@@ -19,21 +19,11 @@ def get_config(arg=None):
   # Epochs before the first label update. The public code has none by default (an epoch of F30K is ~1,100 steps);
   # an epoch of digits is 5 steps, too few to learn anything before labels are estimated.
   c.method.warmup_epochs = a.warmup if a.warmup >= 0 else (a.epochs // 2 if a.data == "digits" else 0)
-  c.model.size = a.model
-  c.input.dataset = a.data
-  c.input.global_batch_size = a.batch
-  c.num_epochs = a.epochs
-  if a.noise > 0:
-    c.noise.kind, c.noise.ratio = "caption_shuffle", a.noise
+  config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs, noise=a.noise, lr=a.lr)
   c.loss.tau1 = 0.07
   c.loss.tau2 = 1.0
   c.loss.gamma = a.gamma
   # 'fixed': S / tau1 as the paper; 'model': the two-tower's learned logit scale replaces 1 / tau1.
   c.loss.temperature = a.temperature
-  c.optim.lr = a.lr
-  c.optim.weight_decay = 0.1
-  c.optim.warmup_steps = 20
-  c.evals.zeroshot = dict(type="zeroshot", split="test", templates="digits", every_steps=0)
-  c.evals.retrieval = dict(type="retrieval", split="test", every_steps=0)
-  c.evals.noise_detection = dict(type="noise_detection", every_steps=0)
+  config_lib.add_default_evals(c)
   return config_lib.lock(c)

@@ -68,9 +68,7 @@ def get_config(arg=None):
   c.loss.ga_weight = 1.0
   if not paper:  # web-scale data has no labelled test split: add evaluators for your own benchmark datasets
 
-    c.evals.zeroshot = dict(type="zeroshot", split="test", templates="digits", every_steps=0)
-    c.evals.retrieval = dict(type="retrieval", split="test", every_steps=0)
-    c.evals.noise_detection = dict(type="noise_detection", every_steps=0)
+    config_lib.add_default_evals(c)
   c.ckpt.every_steps = 1000 if paper else 0
   c.log.every_steps = 50 if paper else 10
   return config_lib.lock(c)

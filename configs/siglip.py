@@ -14,19 +14,9 @@ def get_config(arg=None):
                            lr=1e-3)
   c = config_lib.base_config()
   c.method.name = "siglip"
-  c.model.size = a.model
+  config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs, noise=a.noise, lr=a.lr)
   c.model.dtype = "bfloat16" if a.bf16 else "float32"
   c.model.logit_scale_init = math.log(10.0)
   c.model.logit_bias_init = -10.0
-  c.input.dataset = a.data
-  c.input.global_batch_size = a.batch
-  c.num_epochs = a.epochs
-  if a.noise > 0:
-    c.noise.kind, c.noise.ratio = "caption_shuffle", a.noise
-  c.optim.lr = a.lr
-  c.optim.weight_decay = 0.1
-  c.optim.warmup_steps = 20
-  c.evals.zeroshot = dict(type="zeroshot", split="test", templates="digits", every_steps=0)
-  c.evals.retrieval = dict(type="retrieval", split="test", every_steps=0)
-  c.evals.noise_detection = dict(type="noise_detection", every_steps=0)
+  config_lib.add_default_evals(c)
   return config_lib.lock(c)

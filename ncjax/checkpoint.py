@@ -78,33 +78,27 @@ def _locate(path: str) -> tuple[str, int | None]:
                           f"WORKDIR/checkpoints/STEP)")
 
 
-def read_source_meta(path: str) -> dict:
-  """Metadata (config, tokenizer, ...) of the checkpoint `path` points at (latest step of a workdir)."""
+def _open_step(path: str) -> tuple[Checkpointer, int, dict]:
+  """(checkpointer, step, metadata) for a workdir (latest step), a checkpoints dir or a step dir."""
   directory, step = _locate(path)
   ckpt = Checkpointer(directory, async_save=False)
   step = ckpt.latest_step() if step is None else step
   if step is None:
+    ckpt.close()
     raise FileNotFoundError(f"{directory} holds no finished checkpoint")
-  meta = ckpt.read_meta(step)
+  return ckpt, step, ckpt.read_meta(step)
+
+
+def read_source_meta(path: str) -> dict:
+  """Metadata (config, tokenizer, ...) of the checkpoint `path` points at (latest step of a workdir)."""
+  ckpt, _, meta = _open_step(path)
   ckpt.close()
   return meta
 
 
-def restore_params(path: str, abstract_params=None):
-  """Parameters from a checkpoint: `path` is a workdir (latest step), a workdir/checkpoints dir or a step dir."""
-  directory, step = _locate(path)
-  ckpt = Checkpointer(directory, async_save=False)
-  step = ckpt.latest_step() if step is None else step
-  if step is None:
-    raise FileNotFoundError(f"{directory} holds no finished checkpoint")
-  meta = ckpt.read_meta(step)
-  if abstract_params is not None:
-    target = {"params": abstract_params}
-    restored = ckpt.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(item=target, restore_args=jax.tree.map(
-            lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding), target), partial_restore=True)))
-    params = restored["state"]["params"]
-  else:
-    params = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]["params"]
+def restore_params(path: str):
+  """(params as host arrays, metadata, step) of the checkpoint `path` points at; the caller places them."""
+  ckpt, step, meta = _open_step(path)
+  state = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
   ckpt.close()
-  return params, meta, step
+  return state["params"], meta, step

@@ -112,6 +112,29 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def apply_common(c, *, model: str, data: str, batch: int, epochs: int, noise: float, lr: float,
+                 noise_kind: str = "caption_shuffle", weight_decay: float = 0.1, warmup_steps: int = 20):
+  """The settings the pretraining configs share: model size, data, batch, epochs, noise, optimiser."""
+  c.model.size = model
+  c.input.dataset = data
+  c.input.global_batch_size = batch
+  c.num_epochs = epochs
+  if noise > 0:
+    c.noise.kind, c.noise.ratio = noise_kind, noise
+  c.optim.lr = lr
+  c.optim.weight_decay = weight_decay
+  c.optim.warmup_steps = warmup_steps
+  return c
+
+
+def add_default_evals(c):
+  """Zero-shot (digits prompts), retrieval and noise detection on the dataset's test split, at the end of training."""
+  c.evals.zeroshot = dict(type="zeroshot", split="test", templates="digits", every_steps=0)
+  c.evals.retrieval = dict(type="retrieval", split="test", every_steps=0)
+  c.evals.noise_detection = dict(type="noise_detection", every_steps=0)
+  return c
+
+
 def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   config.lock()
   return config

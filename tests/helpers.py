@@ -14,17 +14,23 @@ def load_config(name: str, arg: str = ""):
   return mod.get_config(arg)
 
 
-def tiny_clip_config(**kw):
-  """A fast CLIP config on digits: tiny model, small batch, no evaluators, quiet logs."""
-  cfg = load_config("clip", kw.pop("arg", "noise=0.4,batch=64,epochs=2"))
+def make_config(name: str, arg: str = "", **overrides):
+  """configs/<name>.py:<arg> for tests: no evaluators, quiet, synchronous checkpoints, then dotted-key overrides
+  (`**{"optim.lr": 1e-3}`)."""
+  cfg = load_config(name, arg)
   with cfg.unlocked():
     cfg.evals = {}
     cfg.log.progress = False
     cfg.ckpt.async_save = False
-    for key, value in kw.items():
+    for key, value in overrides.items():
       node = cfg
       *parents, leaf = key.split(".")
       for p in parents:
         node = node[p]
       node[leaf] = value
   return cfg
+
+
+def tiny_clip_config(**kw):
+  """A fast CLIP config on digits: tiny model, batch 64, two epochs, 40% noise."""
+  return make_config("clip", kw.pop("arg", "noise=0.4,batch=64,epochs=2"), **kw)

@@ -178,7 +178,7 @@ def test_forget_score_mean_and_text_target_normalisation_options():
 
 
 # --- the method, end to end on digits -----------------------------------------------------------------------------
-from helpers import load_config, tiny_clip_config  # noqa: E402
+from helpers import make_config, tiny_clip_config  # noqa: E402
 from ncjax import train  # noqa: E402
 
 
@@ -190,19 +190,8 @@ def clip_run(tmp_path_factory):
 
 
 def ncu_config(init, **kw):
-  cfg = load_config("ncu", f"init={init},batch=64,epochs=2,epochs_prompt=1")
-  with cfg.unlocked():
-    cfg.evals = {}
-    cfg.log.progress = False
-    cfg.ckpt.async_save = False
-    cfg.method.frozen_text_blocks = 1
-    for key, value in kw.items():
-      node = cfg
-      *parents, leaf = key.split(".")
-      for p in parents:
-        node = node[p]
-      node[leaf] = value
-  return cfg
+  return make_config("ncu", f"init={init},batch=64,epochs=2,epochs_prompt=1",
+                     **{"method.frozen_text_blocks": 1, **kw})
 
 
 def _leaves(tree):

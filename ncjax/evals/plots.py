@@ -15,6 +15,18 @@ def _pyplot():
   return plt
 
 
+def _finish(plt, fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> str:
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.legend()
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
 def similarity_statistics(similarity, caption_to_image, top_fraction: float = 0.05) -> dict:
   """Per caption: the positive pair's similarity, the mean over its negatives, and the mean of its top-5% negatives."""
   s = np.asarray(similarity, np.float32).T           # (captions, images)
@@ -35,15 +47,7 @@ def plot_similarity_distributions(similarity, caption_to_image, path: str, title
   for key, label in (("positive", "positive pairs"), ("mean_negative", "mean of negatives"),
                      ("top_negative", "top-5% negatives")):
     ax.hist(stats[key], bins=50, alpha=0.55, density=True, label=label)
-  ax.set_xlabel("similarity")
-  ax.set_ylabel("density")
-  ax.set_title(title or "similarity distributions")
-  ax.legend()
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return _finish(plt, fig, ax, path, "similarity", "density", title or "similarity distributions")
 
 
 def plot_clean_noisy_histogram(scores, clean, path: str, title: str = "", xlabel: str = "clean score") -> str:
@@ -54,12 +58,4 @@ def plot_clean_noisy_histogram(scores, clean, path: str, title: str = "", xlabel
   bins = np.linspace(np.nanmin(scores), np.nanmax(scores) + 1e-12, 50)
   ax.hist(scores[clean], bins=bins, alpha=0.6, label=f"clean pairs (n={int(clean.sum())})", color="tab:blue")
   ax.hist(scores[~clean], bins=bins, alpha=0.6, label=f"noisy pairs (n={int((~clean).sum())})", color="tab:red")
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel("count")
-  ax.set_title(title or "clean vs noisy")
-  ax.legend()
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return path
+  return _finish(plt, fig, ax, path, xlabel, "count", title or "clean vs noisy")

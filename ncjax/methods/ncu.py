@@ -69,16 +69,18 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
                                if hasattr(self.tokenizer, "unk_id") else 1)
     return model, img, txt, neg
 
-  def _forget(self, img, txt, logit_scale):
+  def _embed_and_select(self, params, batch):
+    """Embeddings of the global batch and its forget set, selected from the current model (no gradient)."""
     m = self.config.method
-    return ncu_loss.select_forget(img, txt, logit_scale, m.forget_ratio, m.forget_score)
+    model, img, txt, neg = self._embed(params, batch)
+    scale = model.get_logit_scale()
+    forget, conf = ncu_loss.select_forget(img, txt, scale, m.forget_ratio, m.forget_score)
+    return img, txt, neg, scale, forget, conf
 
   def prompt_stage_loss(self, params, state, batch, rng):
     del rng
     lc = self.config.loss
-    model, img, txt, neg = self._embed(params, batch)
-    scale = model.get_logit_scale()
-    forget, conf = self._forget(img, txt, scale)
+    img, txt, neg, scale, forget, conf = self._embed_and_select(params, batch)
     loss, metrics = ncu_loss.prompt_loss(img, txt, neg, scale, forget, lambda_rel=lc.lambda_rel,
                                          lambda_sep=lc.lambda_sep_prompt, rel=lc.rel, use_itm=lc.use_itm,
                                          use_neg_itm=lc.use_neg_itm, use_rel=lc.use_rel, use_sep=lc.use_sep)
@@ -88,9 +90,7 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
   def unlearn_stage_loss(self, params, state, batch, rng):
     del rng
     lc = self.config.loss
-    model, img, txt, neg = self._embed(params, batch)
-    scale = model.get_logit_scale()
-    forget, conf = self._forget(img, txt, scale)
+    img, txt, neg, scale, forget, conf = self._embed_and_select(params, batch)
     loss, metrics = ncu_loss.unlearning_loss(
         img, txt, neg, scale, forget, lc.kappa, lc.epsilon, max_iterations=lc.sinkhorn_iterations,
         threshold=lc.sinkhorn_threshold, solver=lc.solver, normalize_text_targets=lc.normalize_text_targets,
