@@ -9,7 +9,6 @@ import tarfile
 import tempfile
 import time
 
-import jax
 import numpy as np
 from PIL import Image
 

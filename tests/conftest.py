@@ -15,9 +15,6 @@ import pytest  # noqa: E402
 
 absl.logging.set_verbosity(absl.logging.WARNING)
 
-from helpers import ROOT, load_config, tiny_clip_config  # noqa: E402,F401  (re-exported)
-
-
 @pytest.fixture
 def devices():
   assert len(jax.devices()) == 8, "tests expect 8 simulated CPU devices (tests/conftest.py)"

@@ -3,7 +3,6 @@ import math
 import numpy as np
 import jax
 import jax.numpy as jnp
-import ml_collections
 import pytest
 
 from ncjax import models

@@ -4,7 +4,6 @@ import math
 
 import numpy as np
 import jax
-import jax.numpy as jnp
 import pytest
 
 from ncjax.losses import ncu

@@ -4,7 +4,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ncjax import models
 from ncjax.losses import contrastive
 from ncjax.methods import ParamGroup, Stage, Update, register
 from ncjax.methods.two_tower import SingleModelMethod

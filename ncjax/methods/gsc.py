@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ncjax import models
 from ncjax.losses import gsc
 from ncjax.methods.base import EvalModel, Method, Stage, Update
 from ncjax.methods.registry import register
-from ncjax.models.geometry import l2_normalize
 
 _STATE_KEYS = ("pred", "topo", "pred_target", "topo_target", "y", "clean_prob")
 

@@ -13,7 +13,6 @@ from typing import Callable
 import jax.numpy as jnp
 from flax import nnx
 
-from ncjax.models import geometry as geometry_lib
 from ncjax.models.text import TextTransformer
 from ncjax.models.vit import VisionTransformer
 
