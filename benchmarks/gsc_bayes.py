@@ -3,8 +3,6 @@ devices), and the GMM fit of GSC's label update on 10^6 scores vs scikit-learn (
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import tempfile
 import time
 
@@ -13,14 +11,10 @@ import numpy as np
 
 from benchmarks import common
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def _config(name: str, size: str, batch: int):
-  spec = importlib.util.spec_from_file_location(f"cfg_{name}", os.path.join(_ROOT, "configs", f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  cfg = mod.get_config(f"model={size},data=synthetic,batch={batch},noise=0")
+  from ncjax.config_lib import load_config_file
+  cfg = load_config_file(name, f"model={size},data=synthetic,batch={batch},noise=0")
   with cfg.unlocked():
     cfg.log.progress = False
     cfg.ckpt.save_at_end = False

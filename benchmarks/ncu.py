@@ -71,12 +71,7 @@ def step_ratio(batch: int = 2048, size: str = "small") -> dict:
     cfg.ckpt.save_at_end = False
     cfg.num_epochs = 2
     if name == "ncu":
-      import importlib.util, os
-      spec = importlib.util.spec_from_file_location("ncu_cfg", os.path.join(
-          os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "ncu.py"))
-      mod = importlib.util.module_from_spec(spec)
-      spec.loader.exec_module(mod)
-      src = mod.get_config("setting=digits")
+      src = config_lib.load_config_file("ncu", "setting=digits")
       for key in ("method", "loss"):
         with cfg.unlocked():
           cfg[key] = src[key].copy_and_resolve_references()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 from typing import Any
 
 import ml_collections
@@ -133,6 +134,21 @@ def add_default_evals(c):
   c.evals.retrieval = dict(type="retrieval", split="test", every_steps=0)
   c.evals.noise_detection = dict(type="noise_detection", every_steps=0)
   return c
+
+
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def load_config_file(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of configs/<name>.py (or of a path to a config file)."""
+  import importlib.util
+  path = name if name.endswith(".py") else os.path.join(CONFIGS_DIR, f"{name}.py")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no config file {path}; configs: {sorted(os.listdir(CONFIGS_DIR))}")
+  spec = importlib.util.spec_from_file_location(f"ncjax_config_{os.path.basename(path)[:-3]}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
 
 
 def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -26,21 +26,11 @@ def _setup_jax():
   return jax
 
 
-def _load_config(name: str, arg: str):
-  import importlib.util
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  path = os.path.join(root, "configs", f"{name}.py")
-  spec = importlib.util.spec_from_file_location(f"configs_{name}", path)
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config(arg)
-
-
 def run_row(name: str, config_name: str, arg: str, init: str | None = None, workdirs=None):
-  from ncjax import main as main_lib, train
+  from ncjax import config_lib, main as main_lib, train
   if init is not None:  # start from an earlier row's model (unlearning methods)
     arg = f"{arg},init={workdirs[init]}" if arg else f"init={workdirs[init]}"
-  cfg = _load_config(config_name, arg)
+  cfg = config_lib.load_config_file(config_name, arg)
   with cfg.unlocked():
     cfg.log.progress = True
   workdir = _workdir(name)

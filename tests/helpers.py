@@ -6,12 +6,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_config(name: str, arg: str = ""):
-  """configs/<name>.py:get_config(arg), unlocked copy for tests to adjust."""
-  import importlib.util
-  spec = importlib.util.spec_from_file_location(f"configs_{name}", os.path.join(ROOT, "configs", f"{name}.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config(arg)
+  """configs/<name>.py:get_config(arg)."""
+  from ncjax.config_lib import load_config_file
+  return load_config_file(name, arg)
 
 
 def make_config(name: str, arg: str = "", **overrides):
