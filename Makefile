@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ncjax-installed
 
-.PHONY: demo test test-all bench clean
+.PHONY: demo test test-unit test-all bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ demo: $(STAMP)
 # Tests are compile-bound (XLA compiles per process): one worker per core.
 test: $(STAMP)
 	$(PY) -m pytest -q -n auto -m "not slow" tests
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q -n auto -m "not slow and not e2e" tests
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -n auto tests

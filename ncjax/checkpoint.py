@@ -6,10 +6,15 @@ leaves the previous checkpoint intact and `latest_step` only ever sees finished 
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
+
+log = logging.getLogger("ncjax")
 
 
 def git_hash() -> str:
@@ -101,3 +106,24 @@ def restore_params(path: str):
   state = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
   ckpt.close()
   return state["params"], meta, step
+
+
+def overlay_params(params, source: str, abstract_params, param_sh):
+  """Initialise modules from another run's checkpoint: every top-level module present in both is copied
+  (shapes must agree); modules the source lacks (e.g. NCU's prompt) keep their fresh initialisation."""
+  src, _, step = restore_params(source)
+  out = dict(params)
+  copied = []
+  for name, sub in src.items():
+    if name not in params:
+      continue
+    want = jax.tree.map(lambda a: a.shape, abstract_params[name])
+    got = jax.tree.map(lambda a: tuple(np.shape(a)), sub)
+    if jax.tree.structure(want) != jax.tree.structure(got) or jax.tree.leaves(want) != jax.tree.leaves(got):
+      raise ValueError(f"module {name!r} of {source} (step {step}) does not match this model's shapes")
+    out[name] = jax.tree.map(lambda a, s: jax.device_put(np.asarray(a), s), sub, param_sh[name])
+    copied.append(name)
+  if not copied:
+    raise ValueError(f"checkpoint {source} shares no module with this method (it has {sorted(src)})")
+  log.info("initialised %s from %s (step %d)", copied, source, step)
+  return out

@@ -16,13 +16,28 @@ import ml_collections
 from ml_collections import config_dict
 
 
+def optional(value_type: type):
+  """A config-argument default meaning "not set" (None) whose value, when given, is parsed as `value_type`:
+  `parse_arg(arg, batch=optional(int))`. (An ml_collections placeholder, so ConfigDicts keep the type.)"""
+  return config_dict.placeholder(value_type)
+
+
+def _default_type(default: Any):
+  """(value, type used to parse a given string) of a parse_arg default."""
+  if isinstance(default, config_dict.FieldReference):
+    return default.get(), default.get_type()
+  return default, (type(default) if default is not None else str)
+
+
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
   """Parse `k=v,k2=v2` config arguments (big_vision style) against typed defaults.
 
-  Unknown keys raise ValueError naming the key and the known ones. Values are parsed with the type of the default
-  (bool accepts true/false/1/0); a bare `k` sets a boolean to True.
+  A default is a value (its type parses the argument) or `optional(type)` (None unless given). Unknown keys raise
+  ValueError naming the key and the known ones. bool accepts true/false/1/0 (a bare `k` sets it to True).
   """
-  out = ml_collections.ConfigDict(defaults)
+  parsed = {k: _default_type(v) for k, v in defaults.items()}
+  out = ml_collections.ConfigDict({k: (config_dict.placeholder(t) if v is None else v)
+                                   for k, (v, t) in parsed.items()})
   if not arg:
     return out
   for item in arg.split(","):
@@ -33,31 +48,42 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
     key = key.strip()
     if key not in defaults:
       raise ValueError(f"unknown config argument {key!r} in {arg!r}; known arguments: {sorted(defaults)}")
-    default = defaults[key]
+    value_type = parsed[key][1]
     if not _:
-      if isinstance(default, bool):
+      if value_type is bool:
         out[key] = True
         continue
       raise ValueError(f"config argument {key!r} needs a value ({key}=...)")
-    out[key] = _parse_value(key, raw.strip(), default)
+    out[key] = _parse_value(key, raw.strip(), value_type)
   return out
 
 
-def _parse_value(key: str, raw: str, default: Any):
-  if isinstance(default, bool):
+def _parse_value(key: str, raw: str, value_type: type):
+  if value_type is bool:
     low = raw.lower()
     if low in ("1", "true", "yes", "on"):
       return True
     if low in ("0", "false", "no", "off"):
       return False
     raise ValueError(f"config argument {key!r} expects a boolean, got {raw!r}")
-  if isinstance(default, int):
-    return int(raw)
-  if isinstance(default, float):
-    return float(raw)
-  if isinstance(default, str) or default is None:
-    return raw
+  if value_type in (int, float, str):
+    try:
+      return value_type(raw)
+    except ValueError:
+      raise ValueError(f"config argument {key!r} expects {value_type.__name__}, got {raw!r}") from None
   return ast.literal_eval(raw)
+
+
+def with_preset(args: ml_collections.ConfigDict, presets: dict[str, dict], name: str) -> ml_collections.ConfigDict:
+  """The user's arguments laid over the preset `name`: every argument left unset (None) takes the preset's value;
+  keys only the preset has (settings users do not pass as arguments) come along. Presets are plain dicts."""
+  if name not in presets:
+    raise ValueError(f"unknown preset {name!r}; presets: {sorted(presets)}")
+  merged = dict(presets[name])
+  for key, value in args.items():
+    if value is not None or key not in merged:
+      merged[key] = value
+  return ml_collections.ConfigDict(merged)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -70,11 +96,21 @@ def base_config() -> ml_collections.ConfigDict:
   # The method: `name` picks it from the registry; the rest are its own options (methods add keys here).
   c.method = ml_collections.ConfigDict(dict(name="clip", init_from=""))
 
+  # A named `size` ('tiny', 'small', 'ViT-B/16', ..., or 'custom') and explicit per-field overrides; an imported
+  # checkpoint (`method.init_from=openai:PATH`, ...) sets every architecture field and records itself in
+  # `pretrained`. `tokenizer`: 'auto' (CLIP's BPE for the CLIP-sized vocabularies, word otherwise), 'word', 'clip_bpe'.
   c.model = ml_collections.ConfigDict(dict(
       size="tiny", image_type="vit", text_type="transformer",
       image_size=config_dict.placeholder(int), patch_size=config_dict.placeholder(int),
       channels=config_dict.placeholder(int), context_length=config_dict.placeholder(int),
-      pool="tok", ln_pre=True, act="quick_gelu", text_pool="eot",
+      embed_dim=config_dict.placeholder(int),
+      image_width=config_dict.placeholder(int), image_depth=config_dict.placeholder(int),
+      image_heads=config_dict.placeholder(int), image_mlp_dim=config_dict.placeholder(int),
+      text_width=config_dict.placeholder(int), text_depth=config_dict.placeholder(int),
+      text_heads=config_dict.placeholder(int), text_mlp_dim=config_dict.placeholder(int),
+      vocab_size=config_dict.placeholder(int),
+      pool="tok", ln_pre=True, patch_bias=False, ln_eps=1e-5, act="quick_gelu", text_pool="eot",
+      tokenizer="auto", pretrained="",
       dtype="float32", remat=False,
       geometry="sphere", curv_init=1.0,
       logit_scale_init=math.log(1 / 0.07), logit_bias_init=config_dict.placeholder(float),

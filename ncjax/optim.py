@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ncjax.methods.base import Update, group_labels
+from ncjax.contract import Update, group_labels
 
 
 def lr_schedule(base_lr: float, total_steps: int, warmup_steps: int, kind: str = "cosine",

@@ -1,6 +1,7 @@
 """The method-agnostic trainer.
 
-It builds the data, the method and the mesh from a config; creates the train state already sharded
+It takes an experiment assembled from a config (`ncjax.experiment`: mesh, data, method); creates the train state
+already sharded
 (`eval_shape` -> shardings -> `jit(init, out_shardings=...)`) or restores it from the latest checkpoint in the
 workdir; and runs, stage by stage, one jitted step with explicit in/out shardings and donated state. The trainer
 knows nothing about any particular method: stages, updates, parameter groups, per-sample state and epoch hooks
@@ -18,7 +19,6 @@ import logging
 import math
 import os
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,89 +27,15 @@ import optax
 
 import ncjax
 from ncjax import checkpoint as ckpt_lib
-from ncjax import data as data_lib
-from ncjax import models
 from ncjax import optim as optim_lib
 from ncjax import sharding as shard_lib
+from ncjax.checkpoint import overlay_params
 from ncjax.config_lib import to_json_dict
-from ncjax.data.noise import NoisyIndex, corrupt_batch, load_noise_file, make_noisy_index
-from ncjax.data.pipeline import TrainData
+from ncjax.contract import Stage, scalar_metrics, strip_diagnostics
+from ncjax.experiment import Experiment, build_experiment
 from ncjax.logging_utils import MetricWriter, Progress
-from ncjax.methods.base import Method, Stage, scalar_metrics, strip_diagnostics
-from ncjax.methods.registry import build_method
-from ncjax.tokenizers import WordTokenizer, tokenizer_from_json
 
 log = logging.getLogger("ncjax")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Building the experiment from a config
-# ---------------------------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Experiment:
-  config: Any
-  mesh: jax.sharding.Mesh
-  tokenizer: Any
-  train_data: TrainData
-  method: Method
-  noisy: NoisyIndex | None
-
-  @property
-  def steps_per_epoch(self) -> int:
-    return self.train_data.steps_per_epoch
-
-
-def build_noise(noise_config, caption_to_image) -> NoisyIndex | None:
-  """The static (dataset-level) noise index; None for no noise or for in-batch resampling (done in the step)."""
-  kind = noise_config.kind
-  if kind == "in_batch_resample":
-    if not 0.0 < noise_config.ratio < 1.0:
-      raise ValueError(f"noise.kind='in_batch_resample' needs 0 < noise.ratio < 1, got {noise_config.ratio}")
-    return None
-  if kind == "none":
-    if noise_config.ratio:
-      raise ValueError(f"noise.ratio={noise_config.ratio} but noise.kind='none'; set noise.kind "
-                       f"('caption_shuffle' or 'image_shuffle')")
-    return None
-  if kind == "file":
-    if not noise_config.file:
-      raise ValueError("noise.kind='file' needs noise.file (a per-caption int64 .npy index)")
-    return load_noise_file(noise_config.file, caption_to_image)
-  levels = {"caption_shuffle": "caption", "image_shuffle": "image"}
-  if kind not in levels:
-    raise ValueError(f"unknown noise.kind {kind!r}; expected 'none', 'caption_shuffle' (NCR), "
-                     f"'image_shuffle' (DECL), 'file' or 'in_batch_resample'")
-  return make_noisy_index(caption_to_image, noise_config.ratio, noise_config.seed, level=levels[kind],
-                          derangement=noise_config.derangement)
-
-
-def image_size_of(model_config) -> int:
-  return models.resolve_model_spec(model_config, vocab_size=1)["image"]["image_size"]
-
-
-def build_tokenizer(config, captions, saved: dict | None = None):
-  if saved is not None:
-    return tokenizer_from_json(saved)
-  context = models.resolve_model_spec(config.model, vocab_size=1)["text"]["context_length"]
-  return WordTokenizer.build(captions, context_length=context, min_count=config.input.min_word_count)
-
-
-def build_train_data(config, split, tokenizer, mesh, noisy, subset=None) -> TrainData:
-  inp = config.input
-  return TrainData(split, tokenizer, inp.global_batch_size, inp.shuffle_seed, mesh, noisy, subset=subset,
-                   image_size=image_size_of(config.model), normalization=inp.normalization, augment=inp.augment,
-                   crop_scale=inp.crop_scale, on_bad_record=inp.on_bad_record, num_threads=inp.num_threads,
-                   prefetch=inp.prefetch)
-
-
-def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
-  mesh = shard_lib.make_mesh(config.mesh, devices)
-  split = data_lib.load_split(config.input, config.input.split, image_size_of(config.model))
-  tokenizer = build_tokenizer(config, split.captions, saved_tokenizer)
-  noisy = build_noise(config.noise, split.caption_to_image)
-  train_data = build_train_data(config, split, tokenizer, mesh, noisy)
-  method = build_method(config, tokenizer=tokenizer, num_examples=train_data.num_examples)
-  return Experiment(config, mesh, tokenizer, train_data, method, noisy)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -173,14 +99,11 @@ class StageProgram:
                         out_shardings=(self.state_sh, self.rep), donate_argnums=(0,))
 
   def _step(self, state, batch):
-    method, stage, optim_cfg = self.exp.method, self.stage, self.exp.config.optim
+    stage, optim_cfg = self.stage, self.exp.config.optim
     step = state["step"]
     rng = jax.random.fold_in(jax.random.PRNGKey(self.exp.config.seed), step)
-    noise_cfg = self.exp.config.noise
-    if noise_cfg.kind == "in_batch_resample":  # dynamic noise: fresh pairs every step, reproducible on resume
-      tokens, clean = corrupt_batch(jax.random.fold_in(jax.random.PRNGKey(noise_cfg.seed), step), batch["tokens"],
-                                    noise_cfg.ratio)
-      batch = dict(batch, tokens=tokens, clean=clean)
+    if self.exp.batch_transform is not None:  # dynamic noise: fresh pairs every step, reproducible on resume
+      batch = self.exp.batch_transform(batch, step)
     method_batch = strip_diagnostics(batch)
     params, mstate = state["params"], state["method_state"]
     new_opt, metrics = {}, {}
@@ -191,7 +114,9 @@ class StageProgram:
       grads = jax.tree.map(lambda g, t: g if t else jnp.zeros_like(g), grads, trainable)
       updates, new_opt[upd.name] = self.txs[upd.name].update(grads, state["opt_state"][upd.name], params)
       params = optax.apply_updates(params, updates)
-      params = method.post_update(params, stage)
+      post_update = stage.post_update_of(upd)
+      if post_update is not None:
+        params = post_update(params)
       prefix = "" if len(stage.updates) == 1 else f"{upd.name}/"
       metrics.update({prefix + key: v for key, v in scalar_metrics(m).items()})
       metrics[prefix + "loss"] = jnp.asarray(loss, jnp.float32)
@@ -373,27 +298,6 @@ class TrainResult:
   @property
   def params(self):
     return self.state["params"]
-
-
-def overlay_params(params, source: str, abstract_params, param_sh):
-  """Initialise modules from another run's checkpoint: every top-level module present in both is copied
-  (shapes must agree); modules the source lacks (e.g. NCU's prompt) keep their fresh initialisation."""
-  src, _, step = ckpt_lib.restore_params(source)
-  out = dict(params)
-  copied = []
-  for name, sub in src.items():
-    if name not in params:
-      continue
-    want = jax.tree.map(lambda a: a.shape, abstract_params[name])
-    got = jax.tree.map(lambda a: tuple(np.shape(a)), sub)
-    if jax.tree.structure(want) != jax.tree.structure(got) or jax.tree.leaves(want) != jax.tree.leaves(got):
-      raise ValueError(f"module {name!r} of {source} (step {step}) does not match this model's shapes")
-    out[name] = jax.tree.map(lambda a, s: jax.device_put(np.asarray(a), s), sub, param_sh[name])
-    copied.append(name)
-  if not copied:
-    raise ValueError(f"checkpoint {source} shares no module with this method (it has {sorted(src)})")
-  log.info("initialised %s from %s (step %d)", copied, source, step)
-  return out
 
 
 def train(config, workdir: str, *, devices=None, until: int | None = None, evaluate=None) -> TrainResult:

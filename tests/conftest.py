@@ -15,6 +15,17 @@ import pytest  # noqa: E402
 
 absl.logging.set_verbosity(absl.logging.WARNING)
 
+# Directories of end-to-end runs (training, methods, the CLI); the rest are unit tests (`make test-unit`).
+E2E_DIRS = ("methods", "train", "cli")
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    parts = item.path.relative_to(config.rootpath).parts
+    if len(parts) > 2 and parts[1] in E2E_DIRS:
+      item.add_marker(pytest.mark.e2e)
+
+
 @pytest.fixture
 def devices():
   assert len(jax.devices()) == 8, "tests expect 8 simulated CPU devices (tests/conftest.py)"

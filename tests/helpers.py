@@ -31,3 +31,38 @@ def make_config(name: str, arg: str = "", **overrides):
 def tiny_clip_config(**kw):
   """A fast CLIP config on digits: tiny model, batch 64, two epochs, 40% noise."""
   return make_config("clip", kw.pop("arg", "noise=0.4,batch=64,epochs=2"), **kw)
+
+
+def host_params(result):
+  """A train result's parameters as host numpy arrays."""
+  import jax
+  import numpy as np
+  return jax.tree.map(np.asarray, jax.device_get(result.params))
+
+
+def leaves(tree) -> dict:
+  """{'/'-joined path: host array} of a pytree (device arrays fetched)."""
+  import jax
+  import numpy as np
+  return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+          for path, v in jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]}
+
+
+def assert_trees_equal(a, b, exact=True, atol=0.0):
+  """Same structure and leaves: bitwise (exact) or within atol."""
+  import jax
+  import numpy as np
+  a, b = jax.device_get(a), jax.device_get(b)
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    if exact:
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    else:
+      np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol, rtol=0)
+
+
+def changed(before, after) -> list[bool]:
+  """Per leaf: did it change?"""
+  import jax
+  import numpy as np
+  return [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after))]

@@ -53,3 +53,34 @@ def test_cli_requires_workdir_and_rejects_unknown_command():
 def test_every_config_file_loads(name):
   c = load_config(name)
   assert c.method.name
+
+
+def test_optional_arguments_keep_their_type_and_default_to_none():
+  from ncjax.config_lib import optional
+  a = parse_arg("batch=64", batch=optional(int), noise=optional(float), name=optional(str))
+  assert a.batch == 64 and a.noise is None and a.name is None
+  with pytest.raises(ValueError, match="'batch' expects int, got 'big'"):
+    parse_arg("batch=big", batch=optional(int))
+
+
+def test_presets_lie_under_the_users_arguments():
+  from ncjax.config_lib import with_preset
+  a = parse_arg("batch=64", batch=optional_int(), lr=optional_float())
+  merged = with_preset(a, {"small": dict(batch=8, lr=0.1, extra="x")}, "small")
+  assert (merged.batch, merged.lr, merged.extra) == (64, 0.1, "x")
+  with pytest.raises(ValueError, match=r"unknown preset 'huge'; presets: \['small'\]"):
+    with_preset(a, {"small": {}}, "huge")
+  paper = load_config("ncu", "setting=paper,batch=1024")
+  assert paper.input.global_batch_size == 1024 and paper.model.size == "ViT-B/16" and paper.num_epochs == 10
+  digits = load_config("ncu", "epochs_prompt=0")
+  assert digits.method.epochs_prompt == 0 and digits.noise.ratio == 0.4
+
+
+def optional_int():
+  from ncjax.config_lib import optional
+  return optional(int)
+
+
+def optional_float():
+  from ncjax.config_lib import optional
+  return optional(float)

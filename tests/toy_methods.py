@@ -31,7 +31,6 @@ class TwoStage(SingleModelMethod):
 class EpochState(SingleModelMethod):
   """Per-sample state keyed by id: a per-step 'last seen' mark and a dataset-wide update once per epoch."""
 
-  has_end_of_epoch = True
 
   def init_state(self, capacity):
     return dict(seen=jnp.zeros((capacity,), jnp.int32), epochs=jnp.zeros((), jnp.int32),

@@ -6,8 +6,12 @@ import numpy as np
 
 from ncjax.data import digits, synthetic
 from ncjax.data.types import PairSplit
+from ncjax.registry import Registry
 
-DATASETS = {"digits": digits.load, "synthetic": synthetic.load}
+# In-memory datasets by name: load(split, image_size=...) -> PairSplit. Built tfds datasets are 'tfds:<builder>/...'.
+DATASETS: Registry = Registry("dataset")
+DATASETS.add("digits", digits.load)
+DATASETS.add("synthetic", synthetic.load)
 
 
 def load_split(input_config, split: str, image_size: int) -> PairSplit:
@@ -17,7 +21,7 @@ def load_split(input_config, split: str, image_size: int) -> PairSplit:
     from ncjax.data import sources
     return sources.load_tfds_split(name, input_config.data_dir, split)
   if name not in DATASETS:
-    raise ValueError(f"unknown dataset {name!r}; available: {sorted(DATASETS)} or a built 'tfds:<builder>/<config>'")
+    raise ValueError(f"unknown dataset {name!r}; available: {DATASETS.names()} or a built 'tfds:<builder>/<config>'")
   return DATASETS[name](split, image_size=image_size)
 
 

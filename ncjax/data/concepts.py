@@ -8,7 +8,9 @@ from typing import Sequence
 
 import numpy as np
 
+from ncjax.data.pipeline import train_data_from_config
 from ncjax.data.types import PairSplit
+from ncjax.models import image_size_of
 
 # Subreddit groups in the spirit of RedCaps' topical communities; extend or pass your own lists.
 SUBREDDIT_GROUPS = {
@@ -59,7 +61,7 @@ def forget_retain(split: PairSplit, mask: np.ndarray) -> tuple[np.ndarray, np.nd
 
 def forget_retain_data(config, split: PairSplit, tokenizer, mesh, mask: np.ndarray, noisy=None):
   """Two TrainData over the forget and the retain examples (same batch size, seed and transforms)."""
-  from ncjax.train import build_train_data
   forget, retain = forget_retain(split, mask)
-  return (build_train_data(config, split, tokenizer, mesh, noisy, subset=forget),
-          build_train_data(config, split, tokenizer, mesh, noisy, subset=retain))
+  size = image_size_of(config.model)
+  return (train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=size, subset=forget),
+          train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=size, subset=retain))

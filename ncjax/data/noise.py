@@ -5,12 +5,17 @@ has its true image indices shuffled among itself, without derangement (a few cap
 for all epochs; and DECL's image-level protocol (all captions of a selected image move together). The result is a
 per-caption image index (int64, the format of the NCR/DECL/BiCro `.npy` noise files), the clean mask and a sha256.
 The generator is numpy's PCG64 seeded explicitly, never the global RNG.
+
+From a config: `noise_from_config(config.noise, caption_to_image)` builds the static (dataset-level) index, and
+`batch_transform_from_config(config.noise)` the dynamic per-step corruption (Bayesian CL's in-batch resampling) that
+the trainer applies inside the jitted step, keyed by the step so resume reproduces it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+from typing import Callable
 
 import numpy as np
 
@@ -117,3 +122,55 @@ def corrupt_batch(key, tokens, ratio: float):
   new_tokens = tokens.at[chosen].set(tokens[source])
   clean = jnp.ones((b,), bool).at[chosen].set(False)
   return new_tokens, clean
+
+
+NOISE_KINDS = ("none", "caption_shuffle", "image_shuffle", "file", "in_batch_resample")
+_SHUFFLE_LEVELS = {"caption_shuffle": "caption", "image_shuffle": "image"}
+
+
+def noise_from_config(noise_config, caption_to_image) -> NoisyIndex | None:
+  """The static (dataset-level) noise index of `config.noise`; None for no noise or for in-batch resampling
+  (applied per step by `batch_transform_from_config`)."""
+  kind = noise_config.kind
+  if kind not in NOISE_KINDS:
+    raise ValueError(f"unknown noise.kind {kind!r}; expected 'none', 'caption_shuffle' (NCR), "
+                     f"'image_shuffle' (DECL), 'file' or 'in_batch_resample'")
+  if kind == "in_batch_resample":
+    if not 0.0 < noise_config.ratio < 1.0:
+      raise ValueError(f"noise.kind='in_batch_resample' needs 0 < noise.ratio < 1, got {noise_config.ratio}")
+    return None
+  if kind == "none":
+    if noise_config.ratio:
+      raise ValueError(f"noise.ratio={noise_config.ratio} but noise.kind='none'; set noise.kind "
+                       f"('caption_shuffle' or 'image_shuffle')")
+    return None
+  if kind == "file":
+    if not noise_config.file:
+      raise ValueError("noise.kind='file' needs noise.file (a per-caption int64 .npy index)")
+    return load_noise_file(noise_config.file, caption_to_image)
+  return make_noisy_index(caption_to_image, noise_config.ratio, noise_config.seed,
+                          level=_SHUFFLE_LEVELS[kind], derangement=noise_config.derangement)
+
+
+@dataclasses.dataclass(frozen=True)
+class InBatchResample:
+  """The per-step batch transform of in-batch resampling: `transform(batch, step) -> batch` with new tokens and
+  the clean flags of this step's corruption (jittable; the key is fold_in(PRNGKey(seed), step))."""
+  ratio: float
+  seed: int
+
+  def __call__(self, batch: dict, step) -> dict:
+    import jax
+    key = jax.random.fold_in(jax.random.PRNGKey(self.seed), step)
+    tokens, clean = corrupt_batch(key, batch["tokens"], self.ratio)
+    return dict(batch, tokens=tokens, clean=clean)
+
+
+BatchTransform = Callable[[dict, object], dict]
+
+
+def batch_transform_from_config(noise_config) -> BatchTransform | None:
+  """The dynamic noise of `config.noise` as a per-step batch transform, or None for static noise kinds."""
+  if noise_config.kind == "in_batch_resample":
+    return InBatchResample(float(noise_config.ratio), int(noise_config.seed))
+  return None

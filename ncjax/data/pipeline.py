@@ -200,6 +200,16 @@ class TrainData:
     return arrays, ids
 
 
+def train_data_from_config(input_config, split: PairSplit, tokenizer, mesh, noisy: NoisyIndex | None = None, *,
+                          image_size: int, subset: np.ndarray | None = None) -> TrainData:
+  """The training pipeline of `config.input` over `split` (optionally a subset of its example ids)."""
+  inp = input_config
+  return TrainData(split, tokenizer, inp.global_batch_size, inp.shuffle_seed, mesh, noisy, subset=subset,
+                   image_size=image_size, normalization=inp.normalization, augment=inp.augment,
+                   crop_scale=inp.crop_scale, on_bad_record=inp.on_bad_record, num_threads=inp.num_threads,
+                   prefetch=inp.prefetch)
+
+
 def _stack_examples(examples):
   out = {k: np.stack([e[k] for e in examples]) for k in examples[0] if not k.startswith(HOST_ONLY_PREFIX)}
   out["_skipped"] = np.asarray(sum(int(e["_skipped"]) for e in examples), np.int32)

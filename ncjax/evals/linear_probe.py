@@ -22,6 +22,9 @@ import numpy as np
 import optax
 import optax.tree_utils as otu
 
+from ncjax.evals import common
+from ncjax.evals.base import Evaluator, register
+
 COARSE_GRID = (1e-6, 1e-4, 1e-2, 1.0, 1e2, 1e4, 1e6)
 BINARY_STEPS = 4
 
@@ -136,3 +139,36 @@ def train_val_split(n: int, val_fraction: float = 0.2):
   """MERU's convention for datasets without an official val split: train[:80%] / train[80%:]."""
   cut = int(round(n * (1 - val_fraction)))
   return np.arange(cut), np.arange(cut, n)
+
+
+@register("linear_probe")
+class LinearProbe(Evaluator):
+  """The CLIP-paper linear probe on pre-projection image features.
+
+  Args:
+    train_split: the split the classifier is fitted on ('train'); `split` is the test split.
+    val_fraction: the part of train_split held out to choose C.
+    protocol: 'jax' (optax L-BFGS) or 'sklearn' (the parity reference).
+    dataset, split: see Evaluator.
+  """
+  task = "linear_probe"
+
+  def __init__(self, context, *, train_split: str = "train", val_fraction: float = 0.2, protocol: str = "jax",
+               dataset: str = "", split: str = "test"):
+    super().__init__(context, dataset=dataset, split=split)
+    if protocol not in ("jax", "sklearn"):
+      raise ValueError(f"linear_probe protocol must be 'jax' or 'sklearn', got {protocol!r}")
+    self.train_split, self.val_fraction, self.protocol = train_split, float(val_fraction), protocol
+
+  def run(self, eval_model, state=None) -> dict:
+    if eval_model.image_features is None:
+      raise ValueError("this model exposes no pre-projection image features for a linear probe")
+    ctx = self.context
+    train = self.data(self.train_split)
+    test = self.data(self.split)
+    feats = {k: common.image_features(eval_model, self.images(sp), self.batch_size, ctx.mesh)
+             for k, sp in (("train", train), ("test", test))}
+    tr_idx, val_idx = train_val_split(len(feats["train"]), self.val_fraction)
+    y = train.image_labels
+    return linear_probe(feats["train"][tr_idx], y[tr_idx], feats["train"][val_idx], y[val_idx],
+                        feats["test"], test.image_labels, len(train.class_names) or None, protocol=self.protocol)

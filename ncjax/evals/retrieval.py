@@ -12,6 +12,9 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
+from ncjax.evals import common, plots
+from ncjax.evals.base import Evaluator, register
+
 
 @jax.jit
 def _ranks(similarity, caption_to_image):
@@ -81,3 +84,34 @@ def recall_at_k_folds(similarity, caption_to_image, n_folds: int = 5, ks=(1, 5, 
     caps = np.flatnonzero((c2i >= f * size) & (c2i < (f + 1) * size))
     results.append(recall_at_k(similarity[f * size:(f + 1) * size][:, caps], c2i[caps] - f * size, ks))
   return {k: float(np.mean([r[k] for r in results])) for k in results[0]}
+
+
+@register("retrieval")
+class Retrieval(Evaluator):
+  """Image-text retrieval on the split's pairs.
+
+  Args:
+    folds: if > 0, also NCR's k-fold average (COCO 1K: folds=5).
+    plot: write the similarity-distribution PNG.
+    dataset, split: see Evaluator.
+  """
+  task = "zeroshot_retrieval"
+
+  def __init__(self, context, *, folds: int = 0, plot: bool = True, dataset: str = "", split: str = "test"):
+    super().__init__(context, dataset=dataset, split=split)
+    self.folds, self.plot = int(folds), plot
+
+  def run(self, eval_model, state=None) -> dict:
+    split = self.data()
+    ctx = self.context
+    img = common.embed_images(eval_model, self.images(split), self.batch_size, ctx.mesh)
+    txt = common.embed_texts(eval_model, ctx.tokenizer.encode(split.captions), self.batch_size, ctx.mesh)
+    sim = common.score_matrix(eval_model, img, txt)
+    out = recall_at_k(sim, split.caption_to_image)
+    if self.folds:
+      out.update({f"{self.folds}fold_{k}": v for k, v in
+                  recall_at_k_folds(sim, split.caption_to_image, self.folds).items()})
+    path = ctx.plot_path("similarity")
+    if path and self.plot:
+      plots.plot_similarity_distributions(sim, split.caption_to_image, path, f"{split.name}: similarities")
+    return out

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ncjax.evals import retrieval
+from ncjax.evals import common, retrieval
+from ncjax.evals.base import Evaluator, register
+from ncjax.evals.zeroshot import ZeroShot
 
 
 def _acc(pred, labels, average: str):
@@ -65,3 +67,42 @@ def forget_retain_retrieval(similarity, caption_to_image, forget_images, ks=(1, 
       out[f"{name}_i2t_R@{k}"] = 100.0 * float(np.mean(i2t[im_sel] < k)) if im_sel.any() else float("nan")
       out[f"{name}_t2i_R@{k}"] = 100.0 * float(np.mean(t2i[cap_sel] < k)) if cap_sel.any() else float("nan")
   return out
+
+
+@register("unlearning")
+class Unlearning(Evaluator):
+  """F-acc / R-acc of zero-shot classification for `forget_classes`, and retrieval R@K on forget vs retain pairs.
+
+  Args:
+    forget_classes: class names or indices of the forgotten concept (required).
+    templates: the zero-shot template set (see evals.zeroshot.templates_for).
+    keep_forget_classes_in_labelset: whether the classifier still offers the forget classes.
+    average: 'micro' (over images) or 'macro' (mean of per-class accuracies).
+    retrieval: also report R@K on forget vs retain pairs.
+    dataset, split: see Evaluator.
+  """
+  task = "unlearning"
+
+  def __init__(self, context, *, forget_classes, templates: str = "digits",
+               keep_forget_classes_in_labelset: bool = True, average: str = "micro", retrieval: bool = True,
+               dataset: str = "", split: str = "test"):
+    super().__init__(context, dataset=dataset, split=split)
+    if average not in ("micro", "macro"):
+      raise ValueError(f"average must be 'micro' or 'macro', got {average!r}")
+    self.forget_classes = list(forget_classes)
+    self.templates, self.keep, self.average, self.with_retrieval = templates, keep_forget_classes_in_labelset, \
+        average, retrieval
+
+  def run(self, eval_model, state=None) -> dict:
+    zs = ZeroShot(self.context, templates=self.templates, dataset=self.dataset, split=self.split)
+    scores, split = zs.scores(eval_model)
+    forget_ids = [split.class_names.index(c) if isinstance(c, str) else int(c) for c in self.forget_classes]
+    out = forget_retain_accuracy(scores, split.image_labels, forget_ids,
+                                 keep_forget_classes_in_labelset=self.keep, average=self.average)
+    if self.with_retrieval:
+      ctx = self.context
+      img = common.embed_images(eval_model, self.images(split), self.batch_size, ctx.mesh)
+      txt = common.embed_texts(eval_model, ctx.tokenizer.encode(split.captions), self.batch_size, ctx.mesh)
+      sim = common.score_matrix(eval_model, img, txt)
+      out.update(forget_retain_retrieval(sim, split.caption_to_image, np.isin(split.image_labels, forget_ids)))
+    return {k: v for k, v in out.items() if not isinstance(v, (bool, str))}

@@ -14,6 +14,7 @@ import os
 import numpy as np
 
 from ncjax.evals import common
+from ncjax.evals.base import Evaluator, register
 
 _TEMPLATE_FILE = os.path.join(os.path.dirname(__file__), "templates", "clip.json")
 
@@ -86,3 +87,32 @@ def accuracy(scores: np.ndarray, labels: np.ndarray, num_classes: int | None = N
   recalls = [top1[labels == k].mean() for k in classes if np.any(labels == k)]
   out["mean_per_class_recall"] = float(np.mean(recalls)) if recalls else float("nan")
   return out
+
+
+@register("zeroshot")
+class ZeroShot(Evaluator):
+  """Zero-shot classification of the split's labelled images with a prompt ensemble.
+
+  Args:
+    templates: a template set name (see `templates_for`) or a JSON file path.
+    dataset, split: see Evaluator.
+  """
+  task = "zeroshot_classification"
+
+  def __init__(self, context, *, templates: str = "digits", dataset: str = "", split: str = "test"):
+    super().__init__(context, dataset=dataset, split=split)
+    self.templates = templates
+
+  def scores(self, eval_model):
+    split = self.data()
+    if split.image_labels is None:
+      raise ValueError(f"{split.name} has no class labels: zero-shot classification needs them")
+    ctx = self.context
+    weights = classifier(eval_model, ctx.tokenizer, split.class_names, templates_for(self.templates), ctx.mesh,
+                         self.batch_size)
+    img = common.embed_images(eval_model, self.images(split), self.batch_size, ctx.mesh)
+    return common.score_matrix(eval_model, img, weights), split
+
+  def run(self, eval_model, state=None) -> dict:
+    scores, split = self.scores(eval_model)
+    return accuracy(scores, split.image_labels, len(split.class_names))

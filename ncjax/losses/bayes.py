@@ -11,9 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ncjax.numerics import f32
 
-def _f32(x):
-  return jnp.asarray(x, jnp.float32)
 
 
 def _split(logits):
@@ -24,10 +23,10 @@ def _split(logits):
 
 def weighted_infonce_rows(logits, log_w_pos, log_w_neg):
   """Per-row weighted InfoNCE (anchor = row), weights given as logs; log_w_neg (N, N), diagonal ignored."""
-  logits = _f32(logits)
+  logits = f32(logits)
   pos, full, neg_mask = _split(logits)
-  log_wpos = _f32(log_w_pos)
-  log_wneg = jnp.where(neg_mask, _f32(log_w_neg), 0.0)
+  log_wpos = f32(log_w_pos)
+  log_wneg = jnp.where(neg_mask, f32(log_w_neg), 0.0)
   num = log_wpos + pos
   terms = jnp.where(neg_mask, log_wneg + full, -jnp.inf)
   terms = terms.at[jnp.arange(logits.shape[0]), jnp.arange(logits.shape[0])].set(num)
@@ -37,16 +36,16 @@ def weighted_infonce_rows(logits, log_w_pos, log_w_neg):
 def weighted_infonce(logits, w_pos_i2t, w_neg_i2t, w_pos_t2i, w_neg_t2i):
   """Symmetric weighted InfoNCE: mean over both directions (rows of logits and of logits^T); log weights."""
   l_i2t = weighted_infonce_rows(logits, w_pos_i2t, w_neg_i2t)
-  l_t2i = weighted_infonce_rows(_f32(logits).T, w_pos_t2i, w_neg_t2i)
+  l_t2i = weighted_infonce_rows(f32(logits).T, w_pos_t2i, w_neg_t2i)
   return 0.5 * (jnp.mean(l_i2t) + jnp.mean(l_t2i)), dict(loss_i2t=jnp.mean(l_i2t), loss_t2i=jnp.mean(l_t2i))
 
 
 def em_loss_rows(logits, u, w_pos, w_neg):
   """M-step objective per row: -log s+ + u (w+ s+ + sum_k w_k- s_k-)."""
-  logits = _f32(logits)
+  logits = f32(logits)
   pos, full, neg_mask = _split(logits)
-  weighted = jnp.where(neg_mask, _f32(w_neg) * jnp.exp(full), 0.0).sum(1) + _f32(w_pos) * jnp.exp(pos)
-  return -pos + _f32(u) * weighted
+  weighted = jnp.where(neg_mask, f32(w_neg) * jnp.exp(full), 0.0).sum(1) + f32(w_pos) * jnp.exp(pos)
+  return -pos + f32(u) * weighted
 
 
 def effective_positive_probability(logits, log_w_pos, log_w_neg):

@@ -10,14 +10,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ncjax.numerics import f32
 
-def _f32(x):
-  return jnp.asarray(x, jnp.float32)
 
 
 def cosine_logits(image_emb, text_emb, logit_scale):
   """exp(logit_scale) * image_emb @ text_emb.T in float32 (embeddings already normalised)."""
-  return jnp.exp(_f32(logit_scale)) * (_f32(image_emb) @ _f32(text_emb).T)
+  return jnp.exp(f32(logit_scale)) * (f32(image_emb) @ f32(text_emb).T)
 
 
 def infonce_from_logits(logits, weights=None):
@@ -27,7 +26,7 @@ def infonce_from_logits(logits, weights=None):
   loss = mean_i(w_i * l_i) with w = 1 by default, so per-pair weights act as GSC's soft labels do
   (they scale each pair's term; they are not renormalised).
   """
-  logits = _f32(logits)
+  logits = f32(logits)
   n = logits.shape[0]
   if logits.ndim != 2 or logits.shape[1] != n:
     raise ValueError(f"infonce needs a square logit matrix, got shape {logits.shape}")
@@ -38,7 +37,7 @@ def infonce_from_logits(logits, weights=None):
   if weights is None:
     loss = jnp.mean(per_pair)
   else:
-    weights = _f32(weights)
+    weights = f32(weights)
     if weights.shape != (n,):
       raise ValueError(f"infonce weights must have shape ({n},), got {weights.shape}")
     loss = jnp.mean(weights * per_pair)
@@ -59,23 +58,23 @@ def infonce(image_emb, text_emb, logit_scale, weights=None):
     logit_scale: log of the logit multiplier (scalar).
     weights: optional (N,) per-pair weights; loss = mean_i(w_i * l_i).
   """
-  image_emb, text_emb = _f32(image_emb), _f32(text_emb)
+  image_emb, text_emb = f32(image_emb), f32(text_emb)
   if image_emb.shape != text_emb.shape or image_emb.ndim != 2:
     raise ValueError(f"image and text embeddings must both be (N, D); got {image_emb.shape} and {text_emb.shape}")
   sim = image_emb @ text_emb.T
-  loss, metrics = infonce_from_logits(jnp.exp(_f32(logit_scale)) * sim, weights)
+  loss, metrics = infonce_from_logits(jnp.exp(f32(logit_scale)) * sim, weights)
   n = sim.shape[0]
   off_diag = ~jnp.eye(n, dtype=bool)
   metrics.update(
       pos_similarity=jnp.mean(jnp.diagonal(sim)),
       neg_similarity=jnp.sum(jnp.where(off_diag, sim, 0.0)) / jnp.maximum(n * (n - 1), 1),
-      logit_scale=jnp.exp(_f32(logit_scale)))
+      logit_scale=jnp.exp(f32(logit_scale)))
   return loss, metrics
 
 
 def sigmoid_from_logits(logits):
   """SigLIP (Zhai et al. 2023, Alg. 1): -1/N sum_ij log sigmoid(z_ij * logits_ij), z = +1 on the diagonal, -1 off it."""
-  logits = _f32(logits)
+  logits = f32(logits)
   n = logits.shape[0]
   signs = 2.0 * jnp.eye(n, dtype=jnp.float32) - 1.0
   per_entry = -jax.nn.log_sigmoid(signs * logits)
@@ -90,13 +89,13 @@ def sigmoid(image_emb, text_emb, logit_scale, bias):
 
   logits = exp(logit_scale) * image_emb @ text_emb.T + bias.
   """
-  image_emb, text_emb = _f32(image_emb), _f32(text_emb)
+  image_emb, text_emb = f32(image_emb), f32(text_emb)
   if image_emb.shape != text_emb.shape or image_emb.ndim != 2:
     raise ValueError(f"image and text embeddings must both be (N, D); got {image_emb.shape} and {text_emb.shape}")
   sim = image_emb @ text_emb.T
-  logits = jnp.exp(_f32(logit_scale)) * sim + _f32(bias)
+  logits = jnp.exp(f32(logit_scale)) * sim + f32(bias)
   loss, metrics = sigmoid_from_logits(logits)
   idx = jnp.arange(sim.shape[0])
-  metrics.update(pos_similarity=jnp.mean(jnp.diagonal(sim)), logit_scale=jnp.exp(_f32(logit_scale)),
-                 logit_bias=_f32(bias), acc_i2t=jnp.mean(jnp.argmax(logits, axis=1) == idx))
+  metrics.update(pos_similarity=jnp.mean(jnp.diagonal(sim)), logit_scale=jnp.exp(f32(logit_scale)),
+                 logit_bias=f32(bias), acc_i2t=jnp.mean(jnp.argmax(logits, axis=1) == idx))
   return loss, metrics

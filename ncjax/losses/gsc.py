@@ -19,22 +19,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ncjax.numerics import f32
 
-def _f32(x):
-  return jnp.asarray(x, jnp.float32)
 
 
 def cross_modal_indicator(sim, tau1: float = 0.07):
   """y_CM_i: mean of the row- and column-softmax diagonals at temperature tau1."""
-  logits = _f32(sim) / tau1
+  logits = f32(sim) / tau1
   return 0.5 * (jnp.diagonal(jax.nn.softmax(logits, axis=1)) + jnp.diagonal(jax.nn.softmax(logits, axis=0)))
 
 
 def structure_score(image_sim, text_sim, y=None):
   """S_IM_i = cos(A'_i, B'_i) with the columns of both intra-modal structures weighted by y."""
-  a, bc = _f32(image_sim), _f32(text_sim)
+  a, bc = f32(image_sim), f32(text_sim)
   if y is not None:
-    a, bc = a * _f32(y)[None, :], bc * _f32(y)[None, :]
+    a, bc = a * f32(y)[None, :], bc * f32(y)[None, :]
   num = jnp.sum(a * bc, axis=1)
   den = jnp.linalg.norm(a, axis=1) * jnp.linalg.norm(bc, axis=1)
   return num / jnp.maximum(den, 1e-12)
@@ -42,16 +41,16 @@ def structure_score(image_sim, text_sim, y=None):
 
 def batch_loss(sim, image_sim, text_sim, y, tau1: float = 0.07, tau2: float = 1.0, gamma: float = 0.01):
   """GSC's per-batch loss; returns (loss, metrics) with metrics['y_cm'] and metrics['s_im'] per sample."""
-  s = _f32(sim)
+  s = f32(sim)
   n = s.shape[0]
-  y = jnp.ones((n,), jnp.float32) if y is None else _f32(y)
+  y = jnp.ones((n,), jnp.float32) if y is None else f32(y)
   logits = s / tau1
   diag = jnp.diagonal(logits)
   l_row = jax.nn.logsumexp(logits, axis=1) - diag
   l_col = jax.nn.logsumexp(logits, axis=0) - diag
   loss_cm = jnp.mean(0.5 * (l_row + l_col) * y)
-  a = _f32(image_sim) * y[None, :]
-  bc = _f32(text_sim) * y[None, :]
+  a = f32(image_sim) * y[None, :]
+  bc = f32(text_sim) * y[None, :]
   im_logits = (a @ bc.T) / tau2
   l_im = (jax.nn.logsumexp(im_logits, axis=1) - jnp.diagonal(im_logits)) * y
   loss_im = jnp.mean(l_im)
@@ -74,7 +73,7 @@ def update_labels(state, valid, beta: float = 0.7, gmm_kwargs=None):
     4. y = min(pred_target, topo_target).
   """
   from ncjax.samplers import gmm
-  topo = _f32(state["topo"])
+  topo = f32(state["topo"])
   valid = jnp.asarray(valid, bool)
   big = jnp.finfo(jnp.float32).max
   lo = jnp.min(jnp.where(valid, topo, big))

@@ -12,26 +12,97 @@ shared/reference/methods.md §1); where the paper differs, the paper's form is a
 | text-side targets | unnormalised (rows sum to 0.7 / 1 + (1-kappa)(|F|-1)) | normalize_text_targets=True |
 | L_otr (Eq. 11) | combine='mean': (L_img + L_txt) / 2 | combine='sum' |
 | L_sep in stage 2 (Eq. 12) | weight 1, over the whole batch | sep_scope='retained' |
+
+Two ways in. The typed one — `prompt(..., PromptOptions)` and `unlearning(..., UnlearningOptions)` returning a
+`LossOutput` (scalars for logging; transport plans only with `return_plans=True`), options built once from
+`config.loss` with `.from_config`, the Sinkhorn solver passed in as an object (`ncjax.ot.OttSinkhorn`,
+`ReferenceSinkhorn`) — is what the method runs. `prompt_loss` / `unlearning_loss` keep the keyword signatures
+documented in the README and return `(loss, metrics)` with the plans included.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ncjax.ot.masked import masked_sinkhorn_with_info, reference_sinkhorn
+from ncjax.losses.common import LossOutput, f32
+from ncjax.ot.masked import OttSinkhorn, solver_from_name
 
 BAND = (-0.7, -0.2)  # cos(t_i, t_i^Neg) is pushed into [alpha, beta] = [-0.7, -0.2]
+REL_FORMS = ("code", "paper")
+COMBINES = ("mean", "sum")
+SEP_SCOPES = ("all", "retained")
 
 
-def _f32(x):
-  return jnp.asarray(x, jnp.float32)
+def _check_choice(name: str, value: str, allowed, meaning: str):
+  if value not in allowed:
+    raise ValueError(f"unknown {name} {value!r}; expected {meaning}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptOptions:
+  """Stage-1 options (Eq. 3-6); defaults are the public code's."""
+  lambda_rel: float = 10.0
+  lambda_sep: float = 10.0
+  use_itm: bool = True
+  use_neg_itm: bool = True
+  use_rel: bool = True
+  use_sep: bool = True
+  rel: str = "code"
+  band: tuple[float, float] = BAND
+
+  def __post_init__(self):
+    _check_choice("relation term", self.rel, REL_FORMS, "'code' or 'paper'")
+
+  @classmethod
+  def from_config(cls, loss_cfg) -> "PromptOptions":
+    return cls(lambda_rel=loss_cfg.lambda_rel, lambda_sep=loss_cfg.lambda_sep_prompt, use_itm=loss_cfg.use_itm,
+               use_neg_itm=loss_cfg.use_neg_itm, use_rel=loss_cfg.use_rel, use_sep=loss_cfg.use_sep,
+               rel=loss_cfg.rel)
+
+
+@dataclasses.dataclass(frozen=True)
+class UnlearningOptions:
+  """Stage-2 options (Eq. 8-12); defaults are the public code's. `solver(cost, mask, a, b)` returns a
+  `SinkhornOutput` (ncjax.ot)."""
+  kappa: float = 0.7
+  solver: Callable = OttSinkhorn()
+  normalize_text_targets: bool = False
+  combine: str = "mean"
+  lambda_sep: float = 1.0
+  sep_scope: str = "all"
+  band: tuple[float, float] = BAND
+
+  def __post_init__(self):
+    _check_choice("combine", self.combine, COMBINES, "'mean' (public code) or 'sum' (paper Eq. 11)")
+    _check_choice("sep_scope", self.sep_scope, SEP_SCOPES, "'all' or 'retained'")
+
+  @classmethod
+  def from_config(cls, loss_cfg) -> "UnlearningOptions":
+    solver = solver_from_name(loss_cfg.solver, epsilon=loss_cfg.epsilon,
+                              max_iterations=loss_cfg.sinkhorn_iterations, threshold=loss_cfg.sinkhorn_threshold)
+    return cls(kappa=loss_cfg.kappa, solver=solver, normalize_text_targets=loss_cfg.normalize_text_targets,
+               combine=loss_cfg.combine, lambda_sep=loss_cfg.lambda_sep, sep_scope=loss_cfg.sep_scope)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TransportPlans:
+  """Stage 2's N x (N+1) plans and targets (image side) and their (N+1) x N text-side counterparts."""
+  plan_img: jax.Array
+  plan_txt: jax.Array
+  targets_img: jax.Array
+  targets_txt: jax.Array
+  mask: jax.Array
 
 
 def clean_confidence(image_emb, text_emb, logit_scale, score: str = "row"):
   """Eq. 2: w_i = softmax_row(s V T^T)_ii ('row', the public code) or the mean with the column softmax ('mean')."""
-  logits = jnp.exp(_f32(logit_scale)) * (_f32(image_emb) @ _f32(text_emb).T)
+  logits = jnp.exp(f32(logit_scale)) * (f32(image_emb) @ f32(text_emb).T)
   row = jnp.diagonal(jax.nn.softmax(logits, axis=1))
   if score == "row":
     return row
@@ -56,55 +127,62 @@ def select_forget(image_emb, text_emb, logit_scale, ratio: float, score: str = "
 
 def band_loss(text_emb, neg_text_emb, weights=None, band=BAND):
   """L_sep (Eq. 3): mean_i [alpha - c_i]_+ + [c_i - beta]_+ with c_i = <t_i, t_i^Neg>, over rows with weight 1."""
-  c = jnp.sum(_f32(text_emb) * _f32(neg_text_emb), axis=-1)
+  c = jnp.sum(f32(text_emb) * f32(neg_text_emb), axis=-1)
   per = jax.nn.relu(band[0] - c) + jax.nn.relu(c - band[1])
   if weights is None:
     return jnp.mean(per)
-  weights = _f32(weights)
+  weights = f32(weights)
   return jnp.sum(weights * per) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
-def prompt_loss(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, *, lambda_rel: float = 10.0,
-                lambda_sep: float = 10.0, use_itm: bool = True, use_neg_itm: bool = True, use_rel: bool = True,
-                use_sep: bool = True, rel: str = "code", band=BAND):
+def prompt(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask,
+           options: PromptOptions = PromptOptions()) -> LossOutput:
   """Stage 1 (Eq. 3-6), on the retained pairs only: learn the hardest-negative prompt.
 
   L = lambda_rel L_rel + lambda_sep L_sep + L_yes + L_no, with B' retained pairs and m_ij = +1 on the diagonal,
   -1 off it: L_yes = -1/B' sum_ij log sigmoid(m_ij s <v_i, t_j>) (no bias), L_no the same with -m_ij and t^Neg,
   L_rel = 1/B' sum_ij Delta_ij^2, L_sep the band term averaged over the retained pairs.
   """
-  v, t, tn = _f32(image_emb), _f32(text_emb), _f32(neg_text_emb)
+  o = options
+  v, t, tn = f32(image_emb), f32(text_emb), f32(neg_text_emb)
   keep = (~jnp.asarray(forget_mask, bool)).astype(jnp.float32)
   pair = keep[:, None] * keep[None, :]
   n_keep = jnp.maximum(jnp.sum(keep), 1.0)
-  s = jnp.exp(_f32(logit_scale))
+  s = jnp.exp(f32(logit_scale))
   n = v.shape[0]
   m = 2.0 * jnp.eye(n, dtype=jnp.float32) - 1.0
   terms = {}
-  if use_itm:
+  if o.use_itm:
     terms["loss_yes"] = -jnp.sum(pair * jax.nn.log_sigmoid(m * s * (v @ t.T))) / n_keep
-  if use_neg_itm:
+  if o.use_neg_itm:
     terms["loss_no"] = -jnp.sum(pair * jax.nn.log_sigmoid(-m * s * (v @ tn.T))) / n_keep
-  if use_rel:
-    if rel == "code":
+  if o.use_rel:
+    if o.rel == "code":
       delta = t @ t.T - tn @ tn.T
-    elif rel == "paper":
+    else:
       cross = t @ tn.T
       delta = cross - cross.T
-    else:
-      raise ValueError(f"unknown relation term {rel!r}; expected 'code' or 'paper'")
-    terms["loss_rel"] = lambda_rel * jnp.sum(pair * delta ** 2) / n_keep
-  if use_sep:
-    terms["loss_sep"] = lambda_sep * band_loss(t, tn, keep, band)
+    terms["loss_rel"] = o.lambda_rel * jnp.sum(pair * delta ** 2) / n_keep
+  if o.use_sep:
+    terms["loss_sep"] = o.lambda_sep * band_loss(t, tn, keep, o.band)
   loss = sum(terms.values()) if terms else jnp.zeros((), jnp.float32)
-  metrics = dict(terms, n_retained=jnp.sum(keep),
-                 neg_text_cosine=jnp.sum(keep * jnp.sum(t * tn, -1)) / n_keep)
-  return loss, metrics
+  scalars = dict(terms, n_retained=jnp.sum(keep), neg_text_cosine=jnp.sum(keep * jnp.sum(t * tn, -1)) / n_keep)
+  return LossOutput(loss, scalars)
+
+
+def prompt_loss(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, *, lambda_rel: float = 10.0,
+                lambda_sep: float = 10.0, use_itm: bool = True, use_neg_itm: bool = True, use_rel: bool = True,
+                use_sep: bool = True, rel: str = "code", band=BAND):
+  """`prompt` with keyword options; returns (loss, metrics)."""
+  out = prompt(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, PromptOptions(
+      lambda_rel=lambda_rel, lambda_sep=lambda_sep, use_itm=use_itm, use_neg_itm=use_neg_itm, use_rel=use_rel,
+      use_sep=use_sep, rel=rel, band=tuple(band)))
+  return out.loss, out.metrics()
 
 
 def extended_similarity(image_emb, text_emb, neg_text_emb):
   """S_ext = [V T^T | d] with d_i = <v_i, t_i^Neg> (the paired negative only), N x (N+1)."""
-  v, t, tn = _f32(image_emb), _f32(text_emb), _f32(neg_text_emb)
+  v, t, tn = f32(image_emb), f32(text_emb), f32(neg_text_emb)
   return jnp.concatenate([v @ t.T, jnp.sum(v * tn, axis=-1, keepdims=True)], axis=1)
 
 
@@ -137,17 +215,17 @@ def _rownorm(x):
   return x / jnp.maximum(jnp.sum(x, axis=1, keepdims=True), 1e-30)
 
 
-def unlearning_loss(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, kappa: float = 0.7,
-                    epsilon: float = 0.03, *, max_iterations: int = 100, threshold: float = 1e-4,
-                    solver: str = "ott", normalize_text_targets: bool = False, combine: str = "mean",
-                    lambda_sep: float = 1.0, sep_scope: str = "all", band=BAND):
+def unlearning(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask,
+               options: UnlearningOptions = UnlearningOptions(), *, return_plans: bool = False) -> LossOutput:
   """Stage 2 (Eq. 8-12): masked-OT soft targets over the extended N x (N+1) similarity, two KL terms, band term.
 
   Cost C = (1 - S_ext) / max(1 - S_ext) (both sides share the max), mask of Eq. 8 (its transpose for the text side),
   marginals 1/N over images and 1/(N+1) over texts + negative, Sinkhorn with epsilon on the normalised cost,
   targets T = kappa rownorm(plan) + (1 - kappa) I (stop-gradient), logits Z = s S_ext:
   L_img = 1/N sum KL(T_v || softmax_row(Z)), L_txt = 1/(N+1) sum KL(T_t || softmax_row(Z^T)).
+  `extras` holds a TransportPlans with return_plans=True.
   """
+  o = options
   forget_mask = jnp.asarray(forget_mask, bool)
   n = forget_mask.shape[0]
   s_ext = extended_similarity(image_emb, text_emb, neg_text_emb)
@@ -156,47 +234,43 @@ def unlearning_loss(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask,
   mask = transport_mask(forget_mask)
   a_img = jnp.full((n,), 1.0 / n, jnp.float32)
   b_txt = jnp.full((n + 1,), 1.0 / (n + 1), jnp.float32)
-  if solver == "ott":
-    # The public code stops when sum_i |u_i - u_i'| < threshold; since u changes by eps * log(a_i / r_i), that is,
-    # to first order, an L1 row-marginal error below threshold / (eps * n_rows) — ott's stopping quantity.
-    plan_v, info_v = masked_sinkhorn_with_info(cost, mask, a_img, b_txt, epsilon=epsilon,
-                                               max_iterations=max_iterations, threshold=threshold / (epsilon * n))
-    plan_t, info_t = masked_sinkhorn_with_info(cost.T, mask.T, b_txt, a_img, epsilon=epsilon,
-                                               max_iterations=max_iterations,
-                                               threshold=threshold / (epsilon * (n + 1)))
-    it_v, it_t = info_v["iterations"], info_t["iterations"]
-  elif solver == "reference":
-    plan_v, it_v = reference_sinkhorn(cost, mask, a_img, b_txt, epsilon=epsilon, max_iterations=max_iterations,
-                                      threshold=threshold)
-    plan_t, it_t = reference_sinkhorn(cost.T, mask.T, b_txt, a_img, epsilon=epsilon,
-                                      max_iterations=max_iterations, threshold=threshold)
-  else:
-    raise ValueError(f"unknown Sinkhorn solver {solver!r}; expected 'ott' or 'reference'")
+  side_v = o.solver(cost, mask, a_img, b_txt)
+  side_t = o.solver(cost.T, mask.T, b_txt, a_img)
+  plan_v, plan_t = side_v.plan, side_t.plan
   eye = identity_targets(forget_mask)
-  targets_v = jax.lax.stop_gradient(kappa * _rownorm(plan_v) + (1.0 - kappa) * eye)
-  targets_t = kappa * _rownorm(plan_t) + (1.0 - kappa) * eye.T
-  if normalize_text_targets:
+  targets_v = jax.lax.stop_gradient(o.kappa * _rownorm(plan_v) + (1.0 - o.kappa) * eye)
+  targets_t = o.kappa * _rownorm(plan_t) + (1.0 - o.kappa) * eye.T
+  if o.normalize_text_targets:
     targets_t = _rownorm(targets_t)
   targets_t = jax.lax.stop_gradient(targets_t)
-  logits = jnp.exp(_f32(logit_scale)) * s_ext
+  logits = jnp.exp(f32(logit_scale)) * s_ext
   loss_img = _kl_sum(targets_v, jax.nn.log_softmax(logits, axis=1)) / n
   loss_txt = _kl_sum(targets_t, jax.nn.log_softmax(logits.T, axis=1)) / (n + 1)
-  if combine == "mean":
-    loss_otr = 0.5 * (loss_img + loss_txt)
-  elif combine == "sum":
-    loss_otr = loss_img + loss_txt
-  else:
-    raise ValueError(f"unknown combine {combine!r}; expected 'mean' (public code) or 'sum' (paper Eq. 11)")
-  if sep_scope == "all":
-    loss_sep = band_loss(text_emb, neg_text_emb, None, band)
-  elif sep_scope == "retained":
-    loss_sep = band_loss(text_emb, neg_text_emb, (~forget_mask).astype(jnp.float32), band)
-  else:
-    raise ValueError(f"unknown sep_scope {sep_scope!r}; expected 'all' or 'retained'")
-  loss = loss_otr + lambda_sep * loss_sep
-  metrics = dict(loss_img=loss_img, loss_txt=loss_txt, loss_otr=loss_otr, loss_sep=loss_sep,
-                 sinkhorn_iterations_img=jnp.asarray(it_v, jnp.float32),
-                 sinkhorn_iterations_txt=jnp.asarray(it_t, jnp.float32),
-                 plan_img=plan_v, plan_txt=plan_t, targets_img=targets_v, targets_txt=targets_t, mask=mask,
+  loss_otr = 0.5 * (loss_img + loss_txt) if o.combine == "mean" else loss_img + loss_txt
+  sep_weights = None if o.sep_scope == "all" else (~forget_mask).astype(jnp.float32)
+  loss_sep = band_loss(text_emb, neg_text_emb, sep_weights, o.band)
+  loss = loss_otr + o.lambda_sep * loss_sep
+  scalars = dict(loss_img=loss_img, loss_txt=loss_txt, loss_otr=loss_otr, loss_sep=loss_sep,
+                 sinkhorn_iterations_img=jnp.asarray(side_v.iterations, jnp.float32),
+                 sinkhorn_iterations_txt=jnp.asarray(side_t.iterations, jnp.float32),
                  n_forget=jnp.sum(forget_mask.astype(jnp.float32)))
-  return loss, metrics
+  plans = TransportPlans(plan_v, plan_t, targets_v, targets_t, mask) if return_plans else None
+  return LossOutput(loss, scalars, extras=plans)
+
+
+def unlearning_loss(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, kappa: float = 0.7,
+                    epsilon: float = 0.03, *, max_iterations: int = 100, threshold: float = 1e-4,
+                    solver="ott", normalize_text_targets: bool = False, combine: str = "mean",
+                    lambda_sep: float = 1.0, sep_scope: str = "all", band=BAND):
+  """`unlearning` with keyword options; returns (loss, metrics) with the plans and targets in the metrics.
+
+  `solver` is a name ('ott', 'reference') built with epsilon / max_iterations / threshold, or a solver object.
+  """
+  if isinstance(solver, str):
+    if solver not in ("ott", "reference"):
+      raise ValueError(f"unknown Sinkhorn solver {solver!r}; expected 'ott' or 'reference'")
+    solver = solver_from_name(solver, epsilon=epsilon, max_iterations=max_iterations, threshold=threshold)
+  out = unlearning(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, UnlearningOptions(
+      kappa=kappa, solver=solver, normalize_text_targets=normalize_text_targets, combine=combine,
+      lambda_sep=lambda_sep, sep_scope=sep_scope, band=tuple(band)), return_plans=True)
+  return out.loss, out.metrics()

@@ -1,9 +1,15 @@
 """Methods: step builders composed from ncjax.losses. Importing this package registers the built-in methods."""
 
-from ncjax.methods import bayes, clip, gsc, ncu, siglip  # noqa: F401
+from ncjax.methods import bayes, clip, gsc, ncu, siglip  # noqa: F401  (registration)
 from ncjax.methods.base import (DIAGNOSTIC_KEYS, EvalModel, Method, ParamGroup, Stage, Update, group_labels,
                                 param_path)
-from ncjax.methods.registry import METHODS, build_method, register
+from ncjax.methods.registry import METHODS, register
+
+
+def build_method(config, *, tokenizer, num_examples: int) -> Method:
+  """The registered method `config.method.name`, built from the config."""
+  return METHODS.get(config.method.name)(config, tokenizer=tokenizer, num_examples=num_examples)
+
 
 __all__ = ["Method", "ParamGroup", "Stage", "Update", "EvalModel", "METHODS", "build_method", "register",
            "group_labels", "param_path", "DIAGNOSTIC_KEYS"]

@@ -6,92 +6,27 @@ A method is a small object built from the config. It owns
   * its method state (`init_state`: a pytree of per-sample arrays keyed by stable sample id, possibly empty),
   * its schedule (`stages`: a sequence of Stage, each running for some epochs, each made of one or more Updates;
     an Update is a pure loss over (params, method_state, batch, rng) with its own trainable parameter groups and
-    learning rates, so alternating updates — a discriminator, then the encoders — are two Updates of one stage),
-  * optional hooks: `post_update` (e.g. clamps), `end_of_epoch` (dataset-wide per-sample state updates, run jitted
-    once per epoch), `eval_model` (how evaluators encode and score).
+    learning rates, so alternating updates — a discriminator, then the encoders — are two Updates of one stage;
+    a Stage or Update carries its own `post_update`, e.g. clamps on stored parameters),
+  * optional hooks, detected by overriding: `end_of_epoch` (dataset-wide per-sample state updates, run jitted
+    once per epoch), `clean_scores` (noise detection), `eval_model` (how evaluators encode and score).
 Parameters are plain nested dicts of arrays ({module name: {...}}), merged back into modules with `self.bind`.
-The trainer knows nothing else about a method.
+The trainer knows nothing else about a method. The types of the contract live in `ncjax.contract`.
 """
 
 from __future__ import annotations
 
 import abc
-import dataclasses
-import re
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
-PyTree = Any
+from ncjax.contract import (DIAGNOSTIC_KEYS, EvalModel, ParamGroup, PyTree, Stage, Update, flat_paths,
+                            group_labels, param_path, scalar_metrics, strip_diagnostics)
 
-# Batch entries a method's loss must never see: ground truth kept for diagnostics only.
-DIAGNOSTIC_KEYS = ("clean", "label")
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamGroup:
-  """Parameters whose '/'-joined path matches `pattern` (re.fullmatch; first matching group wins).
-
-  lr=None freezes them. Weight decay applies only to matrices (ndim >= 2): never to norms, biases or scalars.
-  """
-  pattern: str
-  lr: float | None
-  weight_decay: float = 0.0
-  name: str = ""
-
-  @property
-  def label(self) -> str:
-    return self.name or self.pattern
-
-
-@dataclasses.dataclass(frozen=True)
-class Update:
-  """One optimiser update inside a train step: loss_fn(params, method_state, batch, rng) -> (loss, (metrics, state))."""
-  name: str
-  loss_fn: Callable[..., tuple[jax.Array, tuple[dict, PyTree]]]
-  param_groups: tuple[ParamGroup, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-  """A phase of training with its own frozen sets, learning rates and optimiser state."""
-  name: str
-  epochs: int
-  updates: tuple[Update, ...]
-
-
-@dataclasses.dataclass
-class EvalModel:
-  """What evaluators need: encoders into the model's geometry and the score they rank by."""
-  encode_image: Callable[[jax.Array], jax.Array]
-  encode_text: Callable[[jax.Array], jax.Array]
-  score: Callable[[jax.Array, jax.Array], jax.Array]
-  image_features: Callable[[jax.Array], jax.Array] | None = None  # pre-projection features (linear probe)
-  ensemble: Callable[[jax.Array], jax.Array] | None = None        # prompt ensemble (C, T, D) -> (C, D)
-
-
-def param_path(path) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-
-
-def flat_paths(params: PyTree) -> list[str]:
-  return [param_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-
-
-def group_labels(params: PyTree, groups: Sequence[ParamGroup]) -> PyTree:
-  """A pytree of group labels (or 'frozen') with the structure of params; unmatched parameters are an error."""
-  compiled = [(re.compile(g.pattern), g) for g in groups]
-
-  def label(path, _):
-    name = param_path(path)
-    for rx, g in compiled:
-      if rx.fullmatch(name):
-        return "frozen" if g.lr is None else g.label
-    raise ValueError(f"parameter {name!r} matches no parameter group; patterns: {[g.pattern for g in groups]}")
-
-  return jax.tree_util.tree_map_with_path(label, params)
+__all__ = ["Method", "ParamGroup", "Update", "Stage", "EvalModel", "DIAGNOSTIC_KEYS", "param_path", "flat_paths",
+           "group_labels", "strip_diagnostics", "scalar_metrics"]
 
 
 class Method(abc.ABC):
@@ -144,16 +79,15 @@ class Method(abc.ABC):
   def stages(self) -> Sequence[Stage]:
     """The training schedule."""
 
-  def post_update(self, params: PyTree, stage: Stage) -> PyTree:
-    del stage
-    return params
-
   def end_of_epoch(self, params: PyTree, state: PyTree, epoch: jax.Array) -> PyTree:
     """Dataset-wide state update run once after every epoch (jitted by the trainer). Default: none."""
     del params, epoch
     return state
 
-  has_end_of_epoch = False  # set True by methods that override end_of_epoch (saves a compile otherwise)
+  @property
+  def has_end_of_epoch(self) -> bool:
+    """Whether this method overrides `end_of_epoch` (the trainer then runs it; otherwise it saves a compile)."""
+    return type(self).end_of_epoch is not Method.end_of_epoch
 
   def clean_scores(self, params: PyTree, state: PyTree):
     """Optional per-example clean scores (capacity-long, higher = cleaner) and the flagged-as-noisy set, for
@@ -179,12 +113,3 @@ class Method(abc.ABC):
     groups.append(ParamGroup(".*", optim.lr if lr is None else lr,
                              optim.weight_decay if weight_decay is None else weight_decay, name="default"))
     return tuple(groups)
-
-
-def strip_diagnostics(batch: dict) -> dict:
-  return {k: v for k, v in batch.items() if k not in DIAGNOSTIC_KEYS}
-
-
-def scalar_metrics(metrics: dict) -> dict:
-  """Keep scalars only (per-sample outputs go into method state, not into logs)."""
-  return {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items() if jnp.ndim(v) == 0}

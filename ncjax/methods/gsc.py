@@ -23,7 +23,6 @@ _STATE_KEYS = ("pred", "topo", "pred_target", "topo_target", "y", "clean_prob")
 
 @register("gsc")
 class GSC(Method):
-  has_end_of_epoch = True
 
   @property
   def nets(self) -> tuple[str, ...]:

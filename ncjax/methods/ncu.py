@@ -16,8 +16,6 @@ The model starts from a CLIP checkpoint produced by ncjax (`method.init_from`).
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -25,10 +23,12 @@ from flax import nnx
 from ncjax.losses import contrastive, ncu as ncu_loss
 from ncjax.methods.base import ParamGroup, Stage, Update
 from ncjax.methods.registry import register
-from ncjax.methods.two_tower import SingleModelMethod, TwoTowerMethod
+from ncjax.methods.two_tower import SingleModelMethod, TwoTowerMethod, clamp_logit_scale
 from ncjax.models.prompt import NegativePrompt, encode_negative_text
+from ncjax.numerics import MAX_LOGIT_SCALE
 
-MAX_LOGIT_SCALE = math.log(100.0)
+# The public code clamps logit_scale to [0, ln 100] after every unlearning step (not in the prompt stage).
+UNLEARN_CLAMP = clamp_logit_scale(0.0, MAX_LOGIT_SCALE)
 
 
 class _ForgetStateMixin:
@@ -53,6 +53,11 @@ class _ForgetStateMixin:
 @register("ncu")
 class NCU(_ForgetStateMixin, TwoTowerMethod):
 
+  def __init__(self, config, **kw):
+    super().__init__(config, **kw)
+    self.prompt_options = ncu_loss.PromptOptions.from_config(config.loss)
+    self.unlearning_options = ncu_loss.UnlearningOptions.from_config(config.loss)
+
   def create_modules(self):
     mods = super().create_modules()
     width = mods["model"].txt.width
@@ -65,8 +70,7 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
     model = mods.model
     img = model.encode_image(batch["image"])
     txt = model.encode_text(batch["tokens"])
-    neg = encode_negative_text(model, mods.prompt, batch["tokens"], self.tokenizer.unk_id
-                               if hasattr(self.tokenizer, "unk_id") else 1)
+    neg = encode_negative_text(model, mods.prompt, batch["tokens"], getattr(self.tokenizer, "unk_id", 1))
     return model, img, txt, neg
 
   def _embed_and_select(self, params, batch):
@@ -79,24 +83,17 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
 
   def prompt_stage_loss(self, params, state, batch, rng):
     del rng
-    lc = self.config.loss
     img, txt, neg, scale, forget, conf = self._embed_and_select(params, batch)
-    loss, metrics = ncu_loss.prompt_loss(img, txt, neg, scale, forget, lambda_rel=lc.lambda_rel,
-                                         lambda_sep=lc.lambda_sep_prompt, rel=lc.rel, use_itm=lc.use_itm,
-                                         use_neg_itm=lc.use_neg_itm, use_rel=lc.use_rel, use_sep=lc.use_sep)
-    metrics["forget_fraction"] = jnp.mean(forget.astype(jnp.float32))
-    return loss, (metrics, self.record(state, batch["id"], conf, forget))
+    out = ncu_loss.prompt(img, txt, neg, scale, forget, self.prompt_options)
+    metrics = dict(out.scalars, forget_fraction=jnp.mean(forget.astype(jnp.float32)))
+    return out.loss, (metrics, self.record(state, batch["id"], conf, forget))
 
   def unlearn_stage_loss(self, params, state, batch, rng):
     del rng
-    lc = self.config.loss
     img, txt, neg, scale, forget, conf = self._embed_and_select(params, batch)
-    loss, metrics = ncu_loss.unlearning_loss(
-        img, txt, neg, scale, forget, lc.kappa, lc.epsilon, max_iterations=lc.sinkhorn_iterations,
-        threshold=lc.sinkhorn_threshold, solver=lc.solver, normalize_text_targets=lc.normalize_text_targets,
-        combine=lc.combine, lambda_sep=lc.lambda_sep, sep_scope=lc.sep_scope)
-    metrics["logit_scale"] = jnp.exp(scale)
-    return loss, (metrics, self.record(state, batch["id"], conf, forget))
+    out = ncu_loss.unlearning(img, txt, neg, scale, forget, self.unlearning_options)
+    metrics = dict(out.scalars, logit_scale=jnp.exp(scale))
+    return out.loss, (metrics, self.record(state, batch["id"], conf, forget))
 
   # --- schedule ------------------------------------------------------------------------------------------------------
   def stages(self):
@@ -114,17 +111,12 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
         "unlearn", self.unlearn_stage_loss, tuple(
             frozen + [ParamGroup(r"prompt/.*", None, name="prompt_frozen"),
                       ParamGroup(frozen_text, None, name="text_frozen"),
-                      ParamGroup(".*", m.lr_unlearn, optim.weight_decay, name="unlearn")])),))
+                      ParamGroup(".*", m.lr_unlearn, optim.weight_decay, name="unlearn")])),),
+                          post_update=UNLEARN_CLAMP)
     if self.config.num_epochs <= m.epochs_prompt:
       raise ValueError(f"num_epochs={self.config.num_epochs} leaves no unlearning epochs after "
                        f"method.epochs_prompt={m.epochs_prompt}")
     return (prompt_stage, unlearn_stage)
-
-  def post_update(self, params, stage):
-    if stage.name != "unlearn":
-      return params
-    model = dict(params["model"], logit_scale=jnp.clip(params["model"]["logit_scale"], 0.0, MAX_LOGIT_SCALE))
-    return dict(params, model=model)
 
 
 def label_smoothed_infonce_terms(logits, smoothing: float):
@@ -158,6 +150,5 @@ class GradientAscent(_ForgetStateMixin, SingleModelMethod):
     return loss, dict(loss_ascent=ascent, loss_retain=retain, logit_scale=jnp.exp(scale), confidence=conf,
                       forget_mask=forget)
 
-  def post_update(self, params, stage):
-    model = dict(params["model"], logit_scale=jnp.clip(params["model"]["logit_scale"], 0.0, MAX_LOGIT_SCALE))
-    return dict(params, model=model)
+  def post_update(self):
+    return UNLEARN_CLAMP

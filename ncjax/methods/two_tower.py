@@ -4,8 +4,21 @@ from __future__ import annotations
 
 import abc
 
+import jax.numpy as jnp
+
 from ncjax import models
+from ncjax.contract import PostUpdate
 from ncjax.methods.base import Method, Stage, Update
+
+
+def clamp_logit_scale(low: float, high: float, module: str = "model") -> PostUpdate:
+  """A post-update clamping the stored `logit_scale` of `params[module]` into [low, high] (as the public code of
+  NCU and open_clip clamp the parameter itself after each optimiser step)."""
+
+  def clamp(params):
+    sub = dict(params[module], logit_scale=jnp.clip(params[module]["logit_scale"], low, high))
+    return dict(params, **{module: sub})
+  return clamp
 
 
 class TwoTowerMethod(Method):
@@ -30,6 +43,10 @@ class SingleModelMethod(TwoTowerMethod):
     del batch, metrics
     return state
 
+  def post_update(self) -> PostUpdate | None:
+    """What runs on the parameters after every update of the stage (default: nothing)."""
+    return None
+
   def loss_fn(self, params, state, batch, rng):
     model = self.bind(params).model
     loss, metrics = self.model_loss(model, batch, rng)
@@ -37,4 +54,4 @@ class SingleModelMethod(TwoTowerMethod):
 
   def stages(self):
     return (Stage("train", self.config.num_epochs,
-                  (Update("main", self.loss_fn, self.default_param_groups()),)),)
+                  (Update("main", self.loss_fn, self.default_param_groups()),), post_update=self.post_update()),)

@@ -18,19 +18,61 @@ def _get(cfg, key, default=None):
   return default if value is None else value
 
 
+# config field -> (tower, spec key) for the explicit overrides of a named size.
+_OVERRIDES = {
+    "image_size": ("image", "image_size"), "patch_size": ("image", "patch_size"), "channels": ("image", "channels"),
+    "image_width": ("image", "width"), "image_depth": ("image", "depth"), "image_heads": ("image", "heads"),
+    "image_mlp_dim": ("image", "mlp_dim"),
+    "context_length": ("text", "context_length"), "text_width": ("text", "width"), "text_depth": ("text", "depth"),
+    "text_heads": ("text", "heads"), "text_mlp_dim": ("text", "mlp_dim"), "vocab_size": ("text", "vocab_size"),
+}
+CLIP_VOCAB_SIZE = 49408
+
+
 def resolve_model_spec(cfg, *, vocab_size: int | None = None) -> dict:
-  """The tower hyper-parameters a config asks for: a named size, then explicit per-field overrides."""
+  """The tower hyper-parameters a config asks for: a named size, then explicit per-field overrides.
+
+  `vocab_size` (the tokenizer's) must agree with a vocabulary the size or the config fixes."""
   spec = get_size(cfg.size)
-  for key in ("image_size", "patch_size", "channels"):
+  for key, (tower, field) in _OVERRIDES.items():
     if _get(cfg, key) is not None:
-      spec["image"][key] = _get(cfg, key)
-  if _get(cfg, "context_length") is not None:
-    spec["text"]["context_length"] = _get(cfg, "context_length")
+      spec[tower][field] = _get(cfg, key)
+  if _get(cfg, "embed_dim") is not None:
+    spec["embed_dim"] = _get(cfg, "embed_dim")
   if vocab_size is not None:
-    spec["text"]["vocab_size"] = vocab_size
+    fixed = spec["text"].get("vocab_size")
+    if fixed is not None and fixed != vocab_size and vocab_size != 1:
+      raise ValueError(f"model {cfg.size!r} has a vocabulary of {fixed} tokens but the tokenizer has {vocab_size}; "
+                       f"use model.tokenizer='clip_bpe' (or 'auto') for CLIP-sized models")
+    spec["text"]["vocab_size"] = vocab_size if fixed is None or vocab_size != 1 else fixed
   if spec["text"].get("vocab_size") is None:
     raise ValueError(f"model size {cfg.size!r} takes its vocabulary size from the tokenizer; none was given")
+  missing = [f"{tower}.{k}" for tower in ("image", "text") for k, v in spec[tower].items() if v is None]
+  if spec["embed_dim"] is None:
+    missing.append("embed_dim")
+  if missing:
+    raise ValueError(f"model size {cfg.size!r} leaves {missing} unset; set them (model.image_width, ...) or use "
+                     f"a named size: {sorted(SIZES)}")
   return spec
+
+
+def tokenizer_kind_of(cfg) -> str:
+  """'clip_bpe' or 'word': model.tokenizer, with 'auto' meaning CLIP's BPE when the size fixes CLIP's vocabulary."""
+  kind = _get(cfg, "tokenizer", "auto")
+  if kind != "auto":
+    return kind
+  fixed = get_size(cfg.size)["text"].get("vocab_size") or _get(cfg, "vocab_size")
+  return "clip_bpe" if fixed == CLIP_VOCAB_SIZE else "word"
+
+
+def image_size_of(model_config) -> int:
+  """The input resolution the model's image tower expects (what the data pipeline resizes to)."""
+  return resolve_model_spec(model_config, vocab_size=1)["image"]["image_size"]
+
+
+def context_length_of(model_config) -> int:
+  """The text tower's context length (what the tokenizer pads / truncates to)."""
+  return resolve_model_spec(model_config, vocab_size=1)["text"]["context_length"]
 
 
 def build_two_tower(cfg, *, vocab_size: int | None, eot_id: int, pad_id: int = 0, seed: int = 0) -> TwoTower:
@@ -46,12 +88,13 @@ def build_two_tower(cfg, *, vocab_size: int | None, eot_id: int, pad_id: int = 0
   spec = resolve_model_spec(cfg, vocab_size=vocab_size)
   rngs = nnx.Rngs(seed)
   embed_dim = spec["embed_dim"]
+  ln_eps = _get(cfg, "ln_eps", 1e-5)
   image = IMAGE_TOWERS[cfg.image_type](
       **spec["image"], embed_dim=embed_dim, pool=cfg.pool, ln_pre=cfg.ln_pre, act=cfg.act, dtype=dtype,
-      remat=cfg.remat, rngs=rngs)
+      remat=cfg.remat, patch_bias=_get(cfg, "patch_bias", False), ln_eps=ln_eps, rngs=rngs)
   text = TEXT_TOWERS[cfg.text_type](
       **spec["text"], embed_dim=embed_dim, eot_id=eot_id, pad_id=pad_id, pool=cfg.text_pool, act=cfg.act,
-      dtype=dtype, remat=cfg.remat, rngs=rngs)
+      dtype=dtype, remat=cfg.remat, ln_eps=ln_eps, rngs=rngs)
   geo_kwargs = dict(embed_dim=embed_dim)
   if cfg.geometry == "lorentz":
     geo_kwargs["curv_init"] = cfg.curv_init
@@ -60,5 +103,6 @@ def build_two_tower(cfg, *, vocab_size: int | None, eot_id: int, pad_id: int = 0
                   logit_bias_init=cfg.get("logit_bias_init", None))
 
 
-__all__ = ["TwoTower", "build_two_tower", "resolve_model_spec", "register_image_tower", "register_text_tower",
+__all__ = ["TwoTower", "build_two_tower", "resolve_model_spec", "image_size_of", "context_length_of",
+           "tokenizer_kind_of", "CLIP_VOCAB_SIZE", "register_image_tower", "register_text_tower",
            "SIZES", "DTYPES", "l2_normalize"]

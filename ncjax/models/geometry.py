@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ncjax.models import lorentz
+from ncjax.registry import Registry
 
 
 def l2_normalize(x, eps: float = 1e-12):
@@ -96,4 +97,6 @@ class Lorentz(nnx.Module):
     return lorentz.exp_map0(jnp.mean(lorentz.log_map0(template_embeddings, curv), axis=1), curv)
 
 
-GEOMETRIES = {"sphere": Sphere, "lorentz": Lorentz}
+GEOMETRIES: Registry = Registry("geometry")
+GEOMETRIES.add("sphere", Sphere)
+GEOMETRIES.add("lorentz", Lorentz)

@@ -28,9 +28,9 @@ ACTIVATIONS: dict[str, Callable] = {
 }
 
 
-def layer_norm(num_features: int, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def layer_norm(num_features: int, rngs: nnx.Rngs, eps: float = LAYER_NORM_EPS) -> nnx.LayerNorm:
   # Normalisation statistics in float32 whatever the compute dtype.
-  return nnx.LayerNorm(num_features, epsilon=LAYER_NORM_EPS, dtype=jnp.float32, rngs=rngs)
+  return nnx.LayerNorm(num_features, epsilon=eps, dtype=jnp.float32, rngs=rngs)
 
 
 def dense(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, use_bias: bool = True,
@@ -76,12 +76,13 @@ class MlpBlock(nnx.Module):
 class ResidualBlock(nnx.Module):
   """Pre-norm transformer block: x + attn(ln_1(x)); x + mlp(ln_2(x))."""
 
-  def __init__(self, width: int, heads: int, mlp_ratio: float, *, act: str, dtype, rngs: nnx.Rngs):
+  def __init__(self, width: int, heads: int, mlp_dim: int, *, act: str, dtype, rngs: nnx.Rngs,
+               ln_eps: float = LAYER_NORM_EPS):
     self.dtype = dtype
-    self.ln_1 = layer_norm(width, rngs)
+    self.ln_1 = layer_norm(width, rngs, ln_eps)
     self.attn = MultiHeadAttention(width, heads, dtype=dtype, rngs=rngs)
-    self.ln_2 = layer_norm(width, rngs)
-    self.mlp = MlpBlock(width, int(width * mlp_ratio), act=act, dtype=dtype, rngs=rngs)
+    self.ln_2 = layer_norm(width, rngs, ln_eps)
+    self.mlp = MlpBlock(width, mlp_dim, act=act, dtype=dtype, rngs=rngs)
 
   def __call__(self, x, *, causal: bool = False, key_mask=None):
     x = x + self.attn(self.ln_1(x).astype(self.dtype), causal=causal, key_mask=key_mask).astype(x.dtype)
@@ -96,12 +97,14 @@ def _run_block(block: ResidualBlock, x, causal, key_mask):
 class Transformer(nnx.Module):
   """A stack of residual blocks named `block_0 .. block_{depth-1}` (so freezing regexes can name them)."""
 
-  def __init__(self, width: int, depth: int, heads: int, *, mlp_ratio: float = 4.0, act: str = "quick_gelu",
-               dtype=jnp.float32, remat: bool = False, rngs: nnx.Rngs):
+  def __init__(self, width: int, depth: int, heads: int, *, mlp_dim: int | None = None, act: str = "quick_gelu",
+               dtype=jnp.float32, remat: bool = False, ln_eps: float = LAYER_NORM_EPS, rngs: nnx.Rngs):
     self.depth = depth
     self.remat = remat
+    mlp_dim = 4 * width if mlp_dim is None else mlp_dim
     for i in range(depth):
-      setattr(self, f"block_{i}", ResidualBlock(width, heads, mlp_ratio, act=act, dtype=dtype, rngs=rngs))
+      setattr(self, f"block_{i}", ResidualBlock(width, heads, mlp_dim, act=act, dtype=dtype, rngs=rngs,
+                                                ln_eps=ln_eps))
 
   def __call__(self, x, *, causal: bool = False, key_mask=None):
     # Rematerialisation trades one extra forward per block for activation memory (large contrastive batches).

@@ -11,12 +11,14 @@ import math
 
 import jax.numpy as jnp
 
+from ncjax.numerics import f32
+
 _EPS = 1e-8
 _SINH_BOUND = math.asinh(2.0 ** 15)
 
 
 def _f32(*xs):
-  return tuple(jnp.asarray(x, jnp.float32) for x in xs)
+  return tuple(f32(x) for x in xs)
 
 
 def time_component(x, curv):

@@ -19,8 +19,15 @@ SIZES: dict[str, dict] = {
 }
 
 
+# 'custom': every field comes from the config (model.embed_dim, image_*, text_*), as an imported checkpoint sets them.
+CUSTOM = "custom"
+
+
 def get_size(name: str) -> dict:
+  if name == CUSTOM:
+    return dict(embed_dim=None, image=dict(image_size=None, patch_size=None, width=None, depth=None, heads=None),
+                text=dict(width=None, depth=None, heads=None, context_length=None, vocab_size=None))
   if name not in SIZES:
-    raise ValueError(f"unknown model size {name!r}; known sizes: {sorted(SIZES)}")
+    raise ValueError(f"unknown model size {name!r}; known sizes: {sorted(SIZES) + [CUSTOM]}")
   spec = SIZES[name]
   return dict(embed_dim=spec["embed_dim"], image=dict(spec["image"]), text=dict(spec["text"]))

@@ -36,17 +36,18 @@ class TextTransformer(nnx.Module):
   """
 
   def __init__(self, *, vocab_size: int, context_length: int, width: int, depth: int, heads: int,
-               embed_dim: int, eot_id: int, pad_id: int = 0, pool: str = "eot", mlp_ratio: float = 4.0,
-               act: str = "quick_gelu", dtype=jnp.float32, remat: bool = False, rngs: nnx.Rngs):
+               embed_dim: int, eot_id: int, pad_id: int = 0, pool: str = "eot", mlp_dim: int | None = None,
+               act: str = "quick_gelu", dtype=jnp.float32, remat: bool = False,
+               ln_eps: float = layers.LAYER_NORM_EPS, rngs: nnx.Rngs):
     self.context_length, self.width, self.vocab_size = context_length, width, vocab_size
     self.eot_id, self.pad_id, self.pool, self.dtype = eot_id, pad_id, pool, dtype
     self.token_embedding = nnx.Embed(vocab_size, width, embedding_init=nnx.initializers.normal(0.02),
                                      param_dtype=jnp.float32, rngs=rngs)
     self.pos_embedding = nnx.Param(nnx.initializers.normal(0.01)(rngs.params(), (context_length, width),
                                                                  jnp.float32))
-    self.transformer = layers.Transformer(width, depth, heads, mlp_ratio=mlp_ratio, act=act, dtype=dtype,
-                                          remat=remat, rngs=rngs)
-    self.ln_final = layers.layer_norm(width, rngs)
+    self.transformer = layers.Transformer(width, depth, heads, mlp_dim=mlp_dim, act=act, dtype=dtype,
+                                          remat=remat, ln_eps=ln_eps, rngs=rngs)
+    self.ln_final = layers.layer_norm(width, rngs, ln_eps)
     self.proj = nnx.Param(nnx.initializers.normal(width ** -0.5)(rngs.params(), (width, embed_dim), jnp.float32))
 
   @property

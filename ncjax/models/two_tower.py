@@ -15,25 +15,21 @@ from flax import nnx
 
 from ncjax.models.text import TextTransformer
 from ncjax.models.vit import VisionTransformer
+from ncjax.numerics import MAX_LOGIT_SCALE
+from ncjax.registry import Registry
 
-IMAGE_TOWERS: dict[str, Callable[..., nnx.Module]] = {"vit": VisionTransformer}
-TEXT_TOWERS: dict[str, Callable[..., nnx.Module]] = {"transformer": TextTransformer}
-
-MAX_LOGIT_SCALE = math.log(100.0)
+IMAGE_TOWERS: Registry[Callable[..., nnx.Module]] = Registry("image tower")
+TEXT_TOWERS: Registry[Callable[..., nnx.Module]] = Registry("text tower")
+IMAGE_TOWERS.add("vit", VisionTransformer)
+TEXT_TOWERS.add("transformer", TextTransformer)
 
 
 def register_image_tower(name: str):
-  def deco(cls):
-    IMAGE_TOWERS[name] = cls
-    return cls
-  return deco
+  return IMAGE_TOWERS.register(name)
 
 
 def register_text_tower(name: str):
-  def deco(cls):
-    TEXT_TOWERS[name] = cls
-    return cls
-  return deco
+  return TEXT_TOWERS.register(name)
 
 
 class TwoTower(nnx.Module):

@@ -1,4 +1,8 @@
-"""ViT image tower (CLIP layout: conv patchify without bias, class token, ln_pre, pre-norm blocks, ln_post, projection)."""
+"""ViT image tower (CLIP layout: conv patchify, class token, ln_pre, pre-norm blocks, ln_post, projection).
+
+OpenAI / open_clip / Hugging Face CLIP: no patch bias, ln_pre. timm's ViT (MERU's image encoder): patch bias, no
+ln_pre (`patch_bias=True, ln_pre=False`); its final norm followed by class-token pooling is our ln_post of the token.
+"""
 
 from __future__ import annotations
 
@@ -15,8 +19,9 @@ class VisionTransformer(nnx.Module):
   """
 
   def __init__(self, *, image_size: int, patch_size: int, width: int, depth: int, heads: int, embed_dim: int,
-               channels: int = 3, pool: str = "tok", ln_pre: bool = True, mlp_ratio: float = 4.0,
-               act: str = "quick_gelu", dtype=jnp.float32, remat: bool = False, rngs: nnx.Rngs):
+               channels: int = 3, pool: str = "tok", ln_pre: bool = True, mlp_dim: int | None = None,
+               act: str = "quick_gelu", dtype=jnp.float32, remat: bool = False, patch_bias: bool = False,
+               ln_eps: float = layers.LAYER_NORM_EPS, rngs: nnx.Rngs):
     if image_size % patch_size:
       raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
     if pool not in ("tok", "map", "gap"):
@@ -26,17 +31,17 @@ class VisionTransformer(nnx.Module):
     grid = image_size // patch_size
     scale = width ** -0.5
     self.patch_embed = nnx.Conv(channels, width, kernel_size=(patch_size, patch_size),
-                                strides=(patch_size, patch_size), padding="VALID", use_bias=False,
+                                strides=(patch_size, patch_size), padding="VALID", use_bias=patch_bias,
                                 dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
     n_tokens = grid * grid + (1 if pool == "tok" else 0)
     if pool == "tok":
       self.cls_token = nnx.Param(scale * nnx.initializers.normal(1.0)(rngs.params(), (width,), jnp.float32))
     self.pos_embedding = nnx.Param(scale * nnx.initializers.normal(1.0)(rngs.params(), (n_tokens, width),
                                                                        jnp.float32))
-    self.ln_pre = layers.layer_norm(width, rngs) if ln_pre else None
-    self.transformer = layers.Transformer(width, depth, heads, mlp_ratio=mlp_ratio, act=act, dtype=dtype,
-                                          remat=remat, rngs=rngs)
-    self.ln_post = layers.layer_norm(width, rngs)
+    self.ln_pre = layers.layer_norm(width, rngs, ln_eps) if ln_pre else None
+    self.transformer = layers.Transformer(width, depth, heads, mlp_dim=mlp_dim, act=act, dtype=dtype,
+                                          remat=remat, ln_eps=ln_eps, rngs=rngs)
+    self.ln_post = layers.layer_norm(width, rngs, ln_eps)
     if pool == "map":
       self.map_head = layers.MAPHead(width, heads, act=act, dtype=dtype, rngs=rngs)
     self.proj = nnx.Param(scale * nnx.initializers.normal(1.0)(rngs.params(), (width, embed_dim), jnp.float32))

@@ -1,5 +1,7 @@
-"""Optimal transport: masked entropic OT (NCU's transport targets) on ott-jax."""
+"""Optimal transport: masked entropic OT (NCU's transport targets) on ott-jax, and solver objects."""
 
-from ncjax.ot.masked import masked_sinkhorn, masked_sinkhorn_with_info, reference_sinkhorn
+from ncjax.ot.masked import (SOLVERS, OttSinkhorn, ReferenceSinkhorn, SinkhornOutput, masked_sinkhorn,
+                             masked_sinkhorn_with_info, reference_sinkhorn, solver_from_name)
 
-__all__ = ["masked_sinkhorn", "masked_sinkhorn_with_info", "reference_sinkhorn"]
+__all__ = ["masked_sinkhorn", "masked_sinkhorn_with_info", "reference_sinkhorn", "OttSinkhorn", "ReferenceSinkhorn",
+           "SinkhornOutput", "SOLVERS", "solver_from_name"]

@@ -7,6 +7,10 @@ plan are exactly 0), epsilon is explicit (ott's default epsilon is derived from 
 infinite costs), and `threshold` / `max_iterations` are explicit (ott's default 1e-3 is loose at large N). A large
 finite cost instead of inf would silently put mass on masked entries of a row with nothing else allowed.
 
+`OttSinkhorn` and `ReferenceSinkhorn` are the same two solvers as objects — `solver(cost, mask, a, b) ->
+SinkhornOutput` with epsilon, iteration cap and stopping threshold bound at construction — which is how losses take
+a solver (passed in, never selected by a string inside the loss; `SOLVERS` maps config names to them).
+
 `reference_sinkhorn` is the loop of NCU's public code, kept as a named option for parity: u, v start at 0;
 u <- eps (log a - LSE_j K) + u, then v with the new u; masked log-kernel entries are -1e6; LSE adds 1e-10 inside
 the log; stop when sum |u - u_prev| < threshold. Its last update is v, so its column marginals are exact.
@@ -15,11 +19,16 @@ Everything runs in float32 (or higher); the plan is a stop-gradient target.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 from ott.geometry import geometry
 from ott.problems.linear import linear_problem
 from ott.solvers.linear import sinkhorn
+
+from ncjax.registry import Registry
 
 
 def _check(cost, mask, a, b):
@@ -98,3 +107,53 @@ def reference_sinkhorn(cost, mask, a=None, b=None, *, epsilon: float = 0.03, max
   u, v, it, _ = jax.lax.while_loop(cond, body, (u0, v0, jnp.asarray(0), jnp.asarray(jnp.inf, cost.dtype)))
   plan = jnp.where(mask, jnp.exp(kernel(u, v)), 0.0)
   return plan, it
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["plan", "iterations"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class SinkhornOutput:
+  plan: jax.Array        # (n, m), exactly 0 where the mask is 0
+  iterations: jax.Array  # int, iterations run
+
+
+SOLVERS: Registry = Registry("Sinkhorn solver")
+
+
+@SOLVERS.register("ott")
+@dataclasses.dataclass(frozen=True)
+class OttSinkhorn:
+  """ott-jax's log-domain Sinkhorn on the masked cost.
+
+  `threshold` is NCU's public stopping rule, sum_i |u_i - u_i'| < threshold. Since u changes by
+  eps * log(a_i / r_i), that is, to first order, an L1 row-marginal error below threshold / (eps * n_rows) — ott's
+  own stopping quantity, which this solver passes to ott.
+  """
+  epsilon: float = 0.03
+  max_iterations: int = 100
+  threshold: float = 1e-4
+
+  def __call__(self, cost, mask, a=None, b=None) -> SinkhornOutput:
+    rows = jnp.shape(cost)[0]
+    plan, info = masked_sinkhorn_with_info(cost, mask, a, b, epsilon=self.epsilon,
+                                           max_iterations=self.max_iterations,
+                                           threshold=self.threshold / (self.epsilon * rows))
+    return SinkhornOutput(plan, info["iterations"])
+
+
+@SOLVERS.register("reference")
+@dataclasses.dataclass(frozen=True)
+class ReferenceSinkhorn:
+  """NCU's public log-domain loop (`reference_sinkhorn`), with its own stopping rule."""
+  epsilon: float = 0.03
+  max_iterations: int = 100
+  threshold: float = 1e-4
+
+  def __call__(self, cost, mask, a=None, b=None) -> SinkhornOutput:
+    plan, it = reference_sinkhorn(cost, mask, a, b, epsilon=self.epsilon, max_iterations=self.max_iterations,
+                                  threshold=self.threshold)
+    return SinkhornOutput(plan, it)
+
+
+def solver_from_name(name: str, *, epsilon: float, max_iterations: int, threshold: float):
+  """A solver object from its config name ('ott', 'reference', ...)."""
+  return SOLVERS.get(name)(epsilon=epsilon, max_iterations=max_iterations, threshold=threshold)

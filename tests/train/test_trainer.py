@@ -4,27 +4,10 @@ import numpy as np
 import jax
 import pytest
 
+from helpers import assert_trees_equal as _assert_trees_equal, changed as _changed, host_params as _params
 from helpers import tiny_clip_config
 import toy_methods  # noqa: F401  (registers the test methods)
 from ncjax import train
-
-
-def _params(result):
-  return jax.tree.map(np.asarray, jax.device_get(result.params))
-
-
-def _assert_trees_equal(a, b, exact=True, atol=0.0):
-  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(la, lb):
-    if exact:
-      np.testing.assert_array_equal(x, y)
-    else:
-      np.testing.assert_allclose(x, y, atol=atol, rtol=0)
-
-
-def _changed(before, after):
-  return [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after))]
 
 
 def test_sharded_step_equals_single_device_step(tmp_path, devices):

@@ -1,9 +1,5 @@
-"""Tokenizers. A tokenizer turns captions into fixed-length int32 token arrays [SOT, tokens..., EOT, PAD...].
-
-`WordTokenizer` is a word-level tokenizer whose vocabulary is built from the training captions (what the digits
-demo and the region-feature retrieval benchmarks use). Every tokenizer serialises to JSON so it travels inside the
-checkpoint bundle with the weights: a model is never evaluated with a different vocabulary than it was trained on.
-"""
+"""`WordTokenizer`: a word-level tokenizer whose vocabulary is built from the training captions (what the digits
+demo and the region-feature retrieval models use). Its vocabulary serialises into every checkpoint."""
 
 from __future__ import annotations
 
@@ -11,24 +7,11 @@ import collections
 import hashlib
 import json
 import re
-from typing import Iterable, Protocol, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
 _WORD_RE = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
-
-
-class Tokenizer(Protocol):
-  kind: str
-  vocab_size: int
-  context_length: int
-  pad_id: int
-  sot_id: int
-  eot_id: int
-
-  def encode(self, texts: Sequence[str]) -> np.ndarray: ...
-
-  def to_json(self) -> dict: ...
 
 
 def split_words(text: str) -> list[str]:
@@ -68,12 +51,13 @@ class WordTokenizer:
   def vocab_size(self) -> int:
     return len(self.vocab)
 
-  def encode(self, texts: Sequence[str]) -> np.ndarray:
+  def encode(self, texts: Sequence[str], context_length: int | None = None) -> np.ndarray:
     if isinstance(texts, str):
       texts = [texts]
-    out = np.zeros((len(texts), self.context_length), np.int32)
+    length = context_length or self.context_length
+    out = np.zeros((len(texts), length), np.int32)
     for row, text in enumerate(texts):
-      ids = [self.index.get(w, self.unk_id) for w in split_words(text)][: self.context_length - 2]
+      ids = [self.index.get(w, self.unk_id) for w in split_words(text)][: length - 2]
       ids = [self.sot_id] + ids + [self.eot_id]
       out[row, : len(ids)] = ids
     return out
@@ -82,18 +66,14 @@ class WordTokenizer:
     words = [self.vocab[t] for t in tokens if t not in (self.pad_id, self.sot_id, self.eot_id)]
     return " ".join(words)
 
+  __call__ = encode
+
   def to_json(self) -> dict:
     return dict(kind=self.kind, context_length=self.context_length, vocab=self.vocab)
 
+  @classmethod
+  def from_json(cls, spec: dict) -> "WordTokenizer":
+    return cls(spec["vocab"], spec["context_length"])
+
   def fingerprint(self) -> str:
     return hashlib.sha256(json.dumps(self.to_json()).encode()).hexdigest()[:16]
-
-
-TOKENIZERS = {"word": WordTokenizer}
-
-
-def tokenizer_from_json(spec: dict) -> Tokenizer:
-  kind = spec.get("kind")
-  if kind not in TOKENIZERS:
-    raise ValueError(f"unknown tokenizer kind {kind!r}; known: {sorted(TOKENIZERS)}")
-  return TOKENIZERS[kind](spec["vocab"], spec["context_length"])

@@ -1,4 +1,4 @@
-"""NCU: the methods.md §1.7 cross-check, masked-OT invariants, degenerate batches, and the method end to end."""
+"""NCU losses: the methods.md §1.7 cross-check, masked-OT invariants, degenerate batches, options."""
 
 import math
 
@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from ncjax.losses import ncu
-from ncjax.ot import masked_sinkhorn, masked_sinkhorn_with_info, reference_sinkhorn
+from ncjax.ot import masked_sinkhorn
 
 LOGIT_SCALE = math.log(1 / 0.07)
 
@@ -80,38 +80,6 @@ def test_max_normalised_cost_is_used():
   assert np.abs(p_raw - p_norm).max() > 1e-3
 
 
-def test_ott_and_reference_agree_when_converged():
-  rng = np.random.default_rng(0)
-  cost = rng.uniform(size=(12, 13)).astype(np.float32)
-  mask = rng.uniform(size=(12, 13)) > 0.3
-  mask[np.arange(12), np.arange(12)] = True
-  mask[:, 12] = True
-  a, b = np.full(12, 1 / 12, np.float32), np.full(13, 1 / 13, np.float32)
-  p_ott = masked_sinkhorn(cost, mask, a, b, epsilon=0.05, max_iterations=2000, threshold=1e-7)
-  p_ref, _ = reference_sinkhorn(cost, mask, a, b, epsilon=0.05, max_iterations=2000, threshold=1e-9)
-  np.testing.assert_allclose(np.asarray(p_ott), np.asarray(p_ref), atol=1e-6)
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_masked_sinkhorn_no_nan_for_sparse_masks(seed):
-  rng = np.random.default_rng(seed)
-  n = 10
-  cost = rng.uniform(size=(n, n + 1)).astype(np.float32)
-  mask = np.zeros((n, n + 1), bool)
-  mask[np.arange(n), rng.permutation(n + 1)[:n]] = True   # one allowed entry per row
-  mask[rng.integers(0, n), n] = True
-  if seed % 2:
-    mask |= rng.uniform(size=mask.shape) > 0.8
-  plan, info = masked_sinkhorn_with_info(cost, mask, epsilon=0.03)
-  plan = np.asarray(plan)
-  assert np.isfinite(plan).all() and (plan[~mask] == 0.0).all() and (plan >= 0).all()
-
-
-def test_masked_sinkhorn_requires_explicit_epsilon():
-  with pytest.raises(ValueError, match="explicit epsilon"):
-    masked_sinkhorn_with_info(np.ones((2, 2)), np.ones((2, 2), bool), epsilon=None)
-
-
 def _random_batch(n=16, d=8, seed=0, identical=False):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(3, n, d)).astype(np.float32)
@@ -177,62 +145,38 @@ def test_forget_score_mean_and_text_target_normalisation_options():
 
 
 # --- the method, end to end on digits -----------------------------------------------------------------------------
-from helpers import make_config, tiny_clip_config  # noqa: E402
-from ncjax import train  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def clip_run(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("clip")
-  train.train(tiny_clip_config(total_steps=3), str(workdir))
-  return str(workdir)
+def test_typed_options_and_result_equal_the_keyword_form():
+  from ncjax.ot import ReferenceSinkhorn
+  v, t, tn = crosscheck_inputs()
+  forget, _ = ncu.select_forget(v, t, LOGIT_SCALE, 0.25)
+  opts = ncu.UnlearningOptions(kappa=0.7, solver=ReferenceSinkhorn(epsilon=0.03, max_iterations=100,
+                                                                    threshold=1e-4))
+  out = ncu.unlearning(v, t, tn, LOGIT_SCALE, forget, opts)
+  assert out.extras is None   # plans only on request
+  assert all(np.ndim(x) == 0 for x in out.scalars.values())
+  legacy, m = ncu.unlearning_loss(v, t, tn, LOGIT_SCALE, forget, solver="reference")
+  assert float(out.loss) == float(legacy) == pytest.approx(2.521233 + 0.216589, abs=2e-6)
+  with_plans = ncu.unlearning(v, t, tn, LOGIT_SCALE, forget, opts, return_plans=True)
+  np.testing.assert_array_equal(np.asarray(with_plans.extras.plan_img), np.asarray(m["plan_img"]))
+  p_out = ncu.prompt(v, t, tn, LOGIT_SCALE, forget, ncu.PromptOptions(rel="paper"))
+  p_legacy, _ = ncu.prompt_loss(v, t, tn, LOGIT_SCALE, forget, rel="paper")
+  assert float(p_out.loss) == pytest.approx(float(p_legacy), rel=1e-7)
 
 
-def ncu_config(init, **kw):
-  return make_config("ncu", f"init={init},batch=64,epochs=2,epochs_prompt=1",
-                     **{"method.frozen_text_blocks": 1, **kw})
-
-
-def _leaves(tree):
-  import jax as _jax
-  return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
-          for path, v in _jax.tree_util.tree_flatten_with_path(_jax.device_get(tree))[0]}
-
-
-def test_ncu_stages_train_and_freeze_the_right_groups(clip_run, tmp_path):
-  cfg = ncu_config(clip_run)
-  trainer = train.Trainer(cfg, str(tmp_path))
-  spe = trainer.exp.steps_per_epoch
-  init = _leaves(trainer.init_params())
-  clip_params = _leaves(train.ckpt_lib.restore_params(clip_run)[0])
-  for k, v in clip_params.items():   # the model starts from the CLIP checkpoint
-    np.testing.assert_array_equal(init[k], v)
-  after_prompt = _leaves(trainer.run(until=spe).params)
-  changed = {k for k in init if not np.array_equal(init[k], after_prompt[k])}
-  assert "prompt/ctx" in changed
-  assert not {k for k in changed if k.startswith("model/img/")}           # image tower frozen in stage 1
-  assert any(k.startswith("model/txt/") for k in changed)                 # text tower trains (public code)
-  done = _leaves(train.train(cfg, str(tmp_path)).params)                  # resumes into stage 2
-  changed2 = {k for k in done if not np.array_equal(after_prompt[k], done[k])}
-  assert "prompt/ctx" not in changed2
-  assert not {k for k in changed2 if k.startswith(("model/txt/transformer/block_0/", "model/txt/pos_embedding"))}
-  assert any(k.startswith("model/txt/transformer/block_1/") for k in changed2)
-  assert any(k.startswith("model/img/") for k in changed2)
-  assert 0.0 <= float(done["model/logit_scale"]) <= math.log(100) + 1e-6
-
-
-def test_ncu_step_on_8_devices_equals_step_on_1(clip_run, tmp_path, devices):
-  cfg = ncu_config(clip_run, total_steps=2)
-  eight = train.train(cfg, str(tmp_path / "8"))
-  one = train.train(cfg, str(tmp_path / "1"), devices=devices[:1])
-  a, b = _leaves(eight.params), _leaves(one.params)
-  for k in a:
-    np.testing.assert_allclose(a[k], b[k], atol=5e-5, err_msg=k)
-
-
-def test_gradient_ascent_baseline_runs_and_records_forget_sets(clip_run, tmp_path):
-  cfg = ncu_config(clip_run, total_steps=2, **{"method.name": "ncu_ga"})
-  res = train.train(cfg, str(tmp_path))
-  assert np.isfinite(res.metrics["loss"]) and res.metrics["loss_ascent"] <= 0
-  st = jax.device_get(res.state["method_state"])
-  assert st["forgotten"].sum() == int(np.floor(0.4 * 64)) * 2   # two batches, 25 forgotten each
+def test_options_from_config_and_invalid_choices():
+  from helpers import load_config
+  from ncjax.ot import OttSinkhorn, ReferenceSinkhorn
+  cfg = load_config("ncu", "")
+  opts = ncu.UnlearningOptions.from_config(cfg.loss)
+  assert opts.solver == OttSinkhorn(epsilon=0.03, max_iterations=100, threshold=1e-4) and opts.kappa == 0.7
+  with cfg.unlocked():
+    cfg.loss.solver = "reference"
+  assert isinstance(ncu.UnlearningOptions.from_config(cfg.loss).solver, ReferenceSinkhorn)
+  with pytest.raises(ValueError, match="unknown combine 'avg'"):
+    ncu.UnlearningOptions(combine="avg")
+  with pytest.raises(ValueError, match="unknown Sinkhorn solver 'fast'"):
+    with cfg.unlocked():
+      cfg.loss.solver = "fast"
+    ncu.UnlearningOptions.from_config(cfg.loss)

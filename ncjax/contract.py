@@ -1,0 +1,129 @@
+"""The contract between a method and the trainer: parameter groups, updates, stages and the evaluation model.
+
+A leaf module (it imports nothing from ncjax) so that `ncjax.optim`, `ncjax.methods`, `ncjax.evals` and the trainer
+all speak the same types without importing each other.
+
+  ParamGroup  which parameters (regex over '/'-joined paths) train at which rate, or are frozen (lr=None)
+  Update      one optimiser update inside a step: a pure loss over (params, method_state, batch, rng)
+  Stage       a phase of training: its epochs, its updates, and what runs on the parameters after each update
+  EvalModel   what evaluators need: encoders into the model's geometry and the score they rank by
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+PyTree = Any
+
+# Batch entries a method's loss must never see: ground truth kept for diagnostics only.
+DIAGNOSTIC_KEYS = ("clean", "label")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamGroup:
+  """Parameters whose '/'-joined path matches `pattern` (re.fullmatch; first matching group wins).
+
+  lr=None freezes them. Weight decay applies only to matrices (ndim >= 2): never to norms, biases or scalars.
+  """
+  pattern: str
+  lr: float | None
+  weight_decay: float = 0.0
+  name: str = ""
+
+  @property
+  def label(self) -> str:
+    return self.name or self.pattern
+
+
+LossFn = Callable[..., tuple[jax.Array, tuple[dict, PyTree]]]
+PostUpdate = Callable[[PyTree], PyTree]
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+  """One optimiser update inside a train step: loss_fn(params, method_state, batch, rng) -> (loss, (metrics, state)).
+
+  `post_update(params) -> params` runs on the parameters this update produced (e.g. clamping stored values into
+  their valid range); it overrides the stage's for this update when given.
+  """
+  name: str
+  loss_fn: LossFn
+  param_groups: tuple[ParamGroup, ...]
+  post_update: PostUpdate | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """A phase of training with its own frozen sets, learning rates and optimiser state.
+
+  `post_update(params) -> params` runs after every update of the stage (clamps on stored parameters: NCU's
+  logit-scale range in its unlearning stage, MERU's curvature and alphas). None: nothing.
+  """
+  name: str
+  epochs: int
+  updates: tuple[Update, ...]
+  post_update: PostUpdate | None = None
+
+  def post_update_of(self, update: Update) -> PostUpdate | None:
+    return update.post_update if update.post_update is not None else self.post_update
+
+
+def chain_post_updates(*fns: PostUpdate | None) -> PostUpdate | None:
+  """One post-update running `fns` in order (None entries skipped); None if there are none."""
+  fns = tuple(f for f in fns if f is not None)
+  if not fns:
+    return None
+  if len(fns) == 1:
+    return fns[0]
+
+  def run(params):
+    for f in fns:
+      params = f(params)
+    return params
+  return run
+
+
+@dataclasses.dataclass
+class EvalModel:
+  """What evaluators need: encoders into the model's geometry and the score they rank by."""
+  encode_image: Callable[[jax.Array], jax.Array]
+  encode_text: Callable[[jax.Array], jax.Array]
+  score: Callable[[jax.Array, jax.Array], jax.Array]
+  image_features: Callable[[jax.Array], jax.Array] | None = None  # pre-projection features (linear probe)
+  ensemble: Callable[[jax.Array], jax.Array] | None = None        # prompt ensemble (C, T, D) -> (C, D)
+
+
+def param_path(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
+def flat_paths(params: PyTree) -> list[str]:
+  return [param_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+
+
+def group_labels(params: PyTree, groups: Sequence[ParamGroup]) -> PyTree:
+  """A pytree of group labels (or 'frozen') with the structure of params; unmatched parameters are an error."""
+  compiled = [(re.compile(g.pattern), g) for g in groups]
+
+  def label(path, _):
+    name = param_path(path)
+    for rx, g in compiled:
+      if rx.fullmatch(name):
+        return "frozen" if g.lr is None else g.label
+    raise ValueError(f"parameter {name!r} matches no parameter group; patterns: {[g.pattern for g in groups]}")
+
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def strip_diagnostics(batch: dict) -> dict:
+  return {k: v for k, v in batch.items() if k not in DIAGNOSTIC_KEYS}
+
+
+def scalar_metrics(metrics: dict) -> dict:
+  """Keep scalars only (per-sample outputs go into method state, not into logs)."""
+  return {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items() if jnp.ndim(v) == 0}

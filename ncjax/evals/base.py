@@ -1,0 +1,132 @@
+"""Evaluator plumbing: the shared context, the base class, the registry, and construction from `config.evals`.
+
+An evaluator is configured as `config.evals.<name> = dict(type=<registered type>, every_steps=N, **options)`.
+`type` and `every_steps` are read by the caller; every other key is passed to the evaluator's constructor as a
+keyword argument, so a misspelt option is an error naming the evaluator and the options it accepts (never
+silently ignored). Each evaluator's class lives beside its maths (`zeroshot.py`, `retrieval.py`, ...).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+import inspect
+import os
+from typing import Any
+
+from ncjax import data as data_lib
+from ncjax.models import image_size_of
+from ncjax.registry import Registry
+
+EVALUATORS: Registry = Registry("evaluator")
+GENERIC_KEYS = ("type", "every_steps")
+
+
+def register(name: str):
+  """Class decorator registering an Evaluator under `name` (the `type` of its config entry)."""
+  return EVALUATORS.register(name)
+
+
+@dataclasses.dataclass
+class EvalContext:
+  """What evaluators share: the config, the tokenizer the model was trained with, the mesh, cached splits, and
+  optionally the experiment (training pairs, method) and where to write plots."""
+  config: Any
+  tokenizer: Any
+  mesh: Any
+  experiment: Any = None
+  plot_dir: str | None = None
+  tag: str = ""
+
+  @functools.lru_cache(maxsize=8)
+  def split(self, dataset: str, split: str):
+    input_cfg = self.config.input.copy_and_resolve_references()
+    with input_cfg.unlocked():
+      input_cfg.dataset = dataset
+    return data_lib.load_split(input_cfg, split, image_size_of(self.config.model))
+
+  def __hash__(self):
+    return id(self)
+
+  def plot_path(self, name: str) -> str | None:
+    if not self.plot_dir:
+      return None
+    return os.path.join(self.plot_dir, f"{self.tag + '_' if self.tag else ''}{name}.png")
+
+
+class Evaluator(abc.ABC):
+  """Base class. Subclasses take their options as keyword-only constructor arguments.
+
+  Args (shared by every evaluator):
+    dataset: the dataset to evaluate on (default: the training dataset).
+    split: its split (default 'test').
+  """
+  task = ""  # CLIP_benchmark task name
+
+  def __init__(self, context: EvalContext, *, dataset: str = "", split: str = "test"):
+    self.context = context
+    self.dataset = dataset
+    self.split = split
+
+  @property
+  def batch_size(self) -> int:
+    return self.context.config.input.eval_batch_size
+
+  def data(self, split: str | None = None):
+    dataset = self.dataset or self.context.config.input.dataset
+    return self.context.split(dataset, split or self.split)
+
+  def images(self, split):
+    cfg = self.context.config
+    return data_lib.eval_images(split, image_size_of(cfg.model), cfg.input.normalization)
+
+  @abc.abstractmethod
+  def run(self, eval_model, state=None) -> dict:
+    """Evaluate and return flat metrics."""
+
+
+def accepted_options(cls) -> list[str]:
+  """The keyword options an evaluator class accepts (its constructor's keyword arguments, through its bases)."""
+  names = []
+  for klass in cls.__mro__:
+    init = klass.__dict__.get("__init__")
+    if init is None:
+      continue
+    for p in inspect.signature(init).parameters.values():
+      if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in ("self", "context"):
+        names.append(p.name)
+  return sorted(set(names))
+
+
+def build_evaluator(name: str, cfg, context: EvalContext) -> Evaluator:
+  kind = cfg.get("type", name)
+  if kind not in EVALUATORS:
+    raise ValueError(f"evals.{name}: unknown evaluator type {kind!r}; registered: {EVALUATORS.names()}")
+  cls = EVALUATORS.get(kind)
+  options = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in cfg.items() if k not in GENERIC_KEYS}
+  accepted = accepted_options(cls)
+  unknown = sorted(set(options) - set(accepted))
+  if unknown:
+    raise ValueError(f"evals.{name}: evaluator {kind!r} has no option {', '.join(map(repr, unknown))}; "
+                     f"it accepts {accepted} (plus {list(GENERIC_KEYS)})")
+  try:
+    return cls(context, **options)
+  except TypeError as e:  # a required option missing
+    raise ValueError(f"evals.{name}: evaluator {kind!r}: {e}; it accepts {accepted}") from None
+
+
+def build_evaluators(evals_config, context: EvalContext) -> dict[str, Evaluator]:
+  return {name: build_evaluator(name, cfg, context) for name, cfg in evals_config.items()}
+
+
+def run_evaluators(evaluators: dict[str, Evaluator], eval_model, state=None) -> dict[str, dict]:
+  return {name: ev.run(eval_model, state) for name, ev in evaluators.items()}
+
+
+def clip_benchmark_records(results: dict[str, dict], evaluators: dict[str, Evaluator], model: str,
+                           dataset: str) -> list[dict]:
+  """CLIP_benchmark-style result records: {dataset, model, task, metrics}."""
+  return [dict(dataset=evaluators[name].dataset or dataset, model=model,
+               task=evaluators[name].task or name, evaluator=name, metrics=metrics)
+          for name, metrics in results.items()]

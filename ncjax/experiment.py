@@ -1,0 +1,55 @@
+"""Assembling an experiment from a config: mesh, training split, tokenizer, noise, input pipeline and method.
+
+Each piece is built by the module that owns it (big_vision style): the mesh by `ncjax.sharding`, the split by
+`ncjax.data`, the tokenizer by `ncjax.tokenizers`, the static noise and the per-step batch transform by
+`ncjax.data.noise`, the pipeline by `ncjax.data.pipeline`, the method by `ncjax.methods`. This module only wires
+them together; the trainer (`ncjax.train`) consumes the result and evaluators may too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from ncjax import data as data_lib
+from ncjax import models, tokenizers
+from ncjax import sharding as shard_lib
+from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform_from_config, noise_from_config
+from ncjax.data.pipeline import TrainData, train_data_from_config
+from ncjax.methods import Method, build_method
+
+
+@dataclasses.dataclass
+class Experiment:
+  config: Any
+  mesh: jax.sharding.Mesh
+  tokenizer: Any
+  train_data: TrainData
+  method: Method
+  noisy: NoisyIndex | None
+  batch_transform: BatchTransform | None = None  # dynamic noise, applied inside the jitted step
+
+  @property
+  def steps_per_epoch(self) -> int:
+    return self.train_data.steps_per_epoch
+
+
+def build_tokenizer(config, captions, saved: dict | None = None):
+  """The tokenizer a run saved in its checkpoint, or one built for this config from the training captions."""
+  if saved is not None:
+    return tokenizers.tokenizer_from_json(saved)
+  return tokenizers.build_tokenizer(captions, context_length=models.context_length_of(config.model),
+                                    min_count=config.input.min_word_count, kind=models.tokenizer_kind_of(config.model))
+
+
+def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
+  mesh = shard_lib.make_mesh(config.mesh, devices)
+  image_size = models.image_size_of(config.model)
+  split = data_lib.load_split(config.input, config.input.split, image_size)
+  tokenizer = build_tokenizer(config, split.captions, saved_tokenizer)
+  noisy = noise_from_config(config.noise, split.caption_to_image)
+  train_data = train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=image_size)
+  method = build_method(config, tokenizer=tokenizer, num_examples=train_data.num_examples)
+  return Experiment(config, mesh, tokenizer, train_data, method, noisy, batch_transform_from_config(config.noise))

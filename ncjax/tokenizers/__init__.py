@@ -1,0 +1,63 @@
+"""Tokenizers: captions -> fixed-length int32 token arrays [SOT, tokens..., EOT, PAD...].
+
+  word      `WordTokenizer`, a vocabulary built from the training captions (the embedded data, region features)
+  clip_bpe  `ClipBpeTokenizer`, CLIP's byte-level BPE (ids equal `open_clip.tokenize`), for CLIP-sized and
+            imported pretrained models
+
+Every tokenizer serialises to JSON (`to_json` / `tokenizer_from_json`) so it travels inside the checkpoint with the
+weights: a model is never evaluated with another vocabulary than the one it was trained with. `model.tokenizer`
+selects the kind ('auto': clip_bpe for the CLIP-sized models, word otherwise).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol, Sequence
+
+import numpy as np
+
+from ncjax.registry import Registry
+from ncjax.tokenizers.clip_bpe import ClipBpeTokenizer
+from ncjax.tokenizers.word import WordTokenizer, split_words
+
+
+class Tokenizer(Protocol):
+  kind: str
+  vocab_size: int
+  context_length: int
+  pad_id: int
+  sot_id: int
+  eot_id: int
+
+  def encode(self, texts: Sequence[str], context_length: int | None = None) -> np.ndarray: ...
+
+  def to_json(self) -> dict: ...
+
+
+TOKENIZERS: Registry = Registry("tokenizer")
+TOKENIZERS.add("word", WordTokenizer)
+TOKENIZERS.add("clip_bpe", ClipBpeTokenizer)
+
+
+def get_tokenizer(kind: str = "clip_bpe", **kwargs):
+  """A fixed-vocabulary tokenizer by name: `get_tokenizer("clip_bpe")(texts, context_length=77)`."""
+  if kind == "word":
+    raise ValueError("a 'word' tokenizer is built from captions: use build_tokenizer(captions, kind='word', ...)")
+  return TOKENIZERS.get(kind)(**kwargs)
+
+
+def build_tokenizer(captions: Iterable[str], *, context_length: int, min_count: int = 1, kind: str = "word"):
+  """The tokenizer of a new run: a word vocabulary over the training captions, or a fixed vocabulary."""
+  if kind == "word":
+    return WordTokenizer.build(captions, context_length=context_length, min_count=min_count)
+  return TOKENIZERS.get(kind)(context_length=context_length)
+
+
+def tokenizer_from_json(spec: dict) -> Tokenizer:
+  kind = spec.get("kind")
+  if kind not in TOKENIZERS:
+    raise ValueError(f"unknown tokenizer kind {kind!r}; known: {TOKENIZERS.names()}")
+  return TOKENIZERS[kind].from_json(spec)
+
+
+__all__ = ["Tokenizer", "WordTokenizer", "ClipBpeTokenizer", "TOKENIZERS", "get_tokenizer", "build_tokenizer",
+           "tokenizer_from_json", "split_words"]

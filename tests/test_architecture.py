@@ -1,0 +1,149 @@
+"""The layering of docs/architecture.md, checked on the source: which ncjax components may import which, and no
+import cycles. Function-local imports count: a lazy import is still a dependency."""
+
+import ast
+import os
+
+import pytest
+
+from helpers import ROOT
+
+PKG = os.path.join(ROOT, "ncjax")
+
+# component -> the ncjax components it may import (docs/architecture.md draws the same table). Components are
+# the top-level modules and sub-packages of ncjax; 'ncjax' is the package root (its __version__).
+ALLOWED = {
+    "registry": set(), "numerics": set(), "contract": set(), "config_lib": set(), "runtime": set(),
+    "sharding": set(), "logging_utils": set(), "checkpoint": set(),
+    "tokenizers": {"registry"},
+    "models": {"registry", "numerics"},
+    "ot": {"registry", "numerics"},
+    "samplers": {"numerics"},
+    "losses": {"models", "ot", "samplers", "numerics", "registry"},
+    "data": {"models", "tokenizers", "sharding", "registry", "numerics"},
+    "evals": {"data", "models", "sharding", "contract", "registry", "numerics"},
+    "optim": {"contract"},
+    "methods": {"losses", "models", "ot", "samplers", "contract", "registry", "numerics"},
+    "experiment": {"data", "methods", "models", "tokenizers", "sharding"},
+    "train": {"ncjax", "experiment", "checkpoint", "optim", "sharding", "contract", "logging_utils", "config_lib"},
+}
+# Entry points (CLI, demo, tools) may import anything; nothing below may import them.
+TOP = {"train", "experiment", "main", "demo"}
+
+
+def _modules() -> dict[str, str]:
+  mods = {}
+  for dirpath, _, files in os.walk(PKG):
+    for f in files:
+      if f.endswith(".py"):
+        path = os.path.join(dirpath, f)
+        name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+        mods[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
+  return mods
+
+
+def _resolve(name: str, mods) -> str:
+  while name and name not in mods:
+    name = name.rpartition(".")[0]
+  return name
+
+
+def import_graph() -> dict[str, set[str]]:
+  """Module -> the ncjax modules it imports (anywhere in the file)."""
+  mods = _modules()
+  graph = {}
+  for mod, path in mods.items():
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    deps = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        deps.update(_resolve(a.name, mods) for a in node.names if a.name.split(".")[0] == "ncjax")
+      elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "ncjax":
+        for a in node.names:
+          full = f"{node.module}.{a.name}"
+          deps.add(full if full in mods else _resolve(node.module, mods))
+    deps.discard(mod)
+    graph[mod] = deps
+  return graph
+
+
+def component(module: str) -> str:
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 else "ncjax"
+
+
+def test_lower_layers_never_import_the_trainer_or_the_experiment():
+  graph = import_graph()
+  bad = [(m, d) for m, deps in graph.items() for d in deps
+         if component(m) in ("data", "evals", "losses", "models", "ot", "samplers", "methods", "optim")
+         and component(d) in TOP]
+  assert not bad, f"lower layers import the top: {bad}"
+
+
+def test_every_import_follows_the_layer_table():
+  graph = import_graph()
+  violations = []
+  for mod, deps in graph.items():
+    comp = component(mod)
+    if comp not in ALLOWED:
+      assert comp in TOP | {"ncjax", "export", "ncbench"} or comp.startswith("_"), \
+          f"{mod}: component {comp!r} is missing from the layer table"
+      continue
+    for dep in deps:
+      dep_comp = component(dep)
+      if dep_comp != comp and dep_comp not in ALLOWED[comp]:
+        violations.append(f"{mod} -> {dep}")
+  assert not violations, "imports outside docs/architecture.md's layer table:\n" + "\n".join(sorted(violations))
+
+
+def test_package_imports_form_no_cycle():
+  graph = import_graph()
+  index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+  counter = [0]
+
+  def strongconnect(v):
+    index[v] = low[v] = counter[0]
+    counter[0] += 1
+    stack.append(v)
+    on_stack.add(v)
+    for w in graph.get(v, ()):
+      if w not in index:
+        strongconnect(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        cycles.append(sorted(comp))
+
+  for v in sorted(graph):
+    if v not in index:
+      strongconnect(v)
+  assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_layer_checker_sees_a_violation(tmp_path, monkeypatch):
+  """The checks above can fail: a lower layer importing the trainer is reported."""
+  graph = import_graph()
+  graph["ncjax.losses.contrastive"] = graph["ncjax.losses.contrastive"] | {"ncjax.train"}
+  monkeypatch.setattr(__import__(__name__), "import_graph", lambda: graph)
+  with pytest.raises(AssertionError, match="ncjax.losses.contrastive"):
+    test_lower_layers_never_import_the_trainer_or_the_experiment()
+  graph["ncjax.train"] = graph["ncjax.train"] | {"ncjax.losses.contrastive"}
+  with pytest.raises(AssertionError, match="import cycles"):
+    test_package_imports_form_no_cycle()
+
+
+def test_architecture_doc_lists_every_component():
+  with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
+    doc = f.read()
+  missing = [c for c in ALLOWED if f"`{c}`" not in doc and f"ncjax/{c}" not in doc]
+  assert not missing, f"docs/architecture.md does not mention {missing}"
