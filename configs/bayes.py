@@ -10,12 +10,13 @@ from ncjax import config_lib
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, model="tiny", data="digits", noise=0.4, batch=256, epochs=40, lr=1e-3,
+  a = config_lib.parse_arg(arg, model="tiny", data="digits", noise=0.4, batch=256, epochs=40, lr=1e-3, init="",
                            weights="unit_prior", u_momentum=0.0, protocol="ncr")
   c = config_lib.base_config()
   c.method.name = "bayes"
   # protocol 'ncr': a fixed caption-shuffle index (comparable with the other rows); 'in_batch': the paper's.
   config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs, noise=a.noise, lr=a.lr,
+                          init=a.init,
                           noise_kind="caption_shuffle" if a.protocol == "ncr" else "in_batch_resample")
   c.loss.a_u, c.loss.b_u = 1.0, 0.0
   c.loss.a_pos, c.loss.b_pos = 5.0, 0.0

@@ -10,10 +10,11 @@ from ncjax import config_lib
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, model="tiny", data="digits", noise=0.0, batch=256, epochs=40, bf16=False,
-                           lr=1e-3)
+                           lr=1e-3, init="")
   c = config_lib.base_config()
   c.method.name = "clip"
-  config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs, noise=a.noise, lr=a.lr)
+  config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs, noise=a.noise, lr=a.lr,
+                          init=a.init)
   c.model.dtype = "bfloat16" if a.bf16 else "float32"
   config_lib.add_default_evals(c)
   return config_lib.lock(c)

@@ -12,7 +12,7 @@ from ncjax.config_lib import optional
 
 def get_config(arg=None):
   a = config_lib.parse_arg(arg, model="tiny", data="digits", noise=0.4, batch=256, epochs=40, coteach=False,
-                           gamma=0.01, lr=1e-3, temperature="fixed", warmup=optional(int))
+                           gamma=0.01, lr=1e-3, init="", temperature="fixed", warmup=optional(int))
   c = config_lib.base_config()
   c.method.name = "gsc"
   c.method.co_teaching = a.coteach
@@ -20,7 +20,8 @@ def get_config(arg=None):
   # Epochs before the first label update. The public code has none by default (an epoch of F30K is ~1,100 steps);
   # an epoch of digits is 5 steps, too few to learn anything before labels are estimated.
   c.method.warmup_epochs = a.warmup if a.warmup is not None else (a.epochs // 2 if a.data == "digits" else 0)
-  config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs, noise=a.noise, lr=a.lr)
+  config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs, noise=a.noise, lr=a.lr,
+                          init=a.init)
   c.loss.tau1 = 0.07
   c.loss.tau2 = 1.0
   c.loss.gamma = a.gamma

@@ -1,11 +1,13 @@
 """NCU unlearning (and its gradient-ascent baseline) starting from an ncjax CLIP checkpoint.
 
-Paper setting (CC3M/CC12M/YFCC15M-R, ViT-B/16 or B/32, global batch 2048, 2 + 8 epochs, the public script's rates):
-  python -m ncjax.main --config=configs/ncu.py:setting=paper,model=ViT-B/16,init=/runs/clip_b16 \\
-      --config.input.data_dir=/data/tfds --workdir=/runs/ncu_b16
+Paper setting (CC3M/CC12M/YFCC15M-R, ViT-B/16 or B/32, global batch 2048, 2 + 8 epochs, the public script's rates),
+from OpenAI's weights (the checkpoint sets the architecture) or from an ncjax CLIP run:
+  python -m ncjax.main --config=configs/ncu.py:setting=paper,init=openai:/models/ViT-B-32.pt \\
+      --config.input.data_dir=/data/tfds --workdir=/runs/ncu_b32
 Digits demo (from a CLIP trained on 40%-noisy digits):
   python -m ncjax.main --config=configs/ncu.py:init=/tmp/clip --workdir=/tmp/ncu --cpu_devices=8
-Arguments: setting (a preset: paper | digits), method (ncu | ncu_ga), model, data, init (CLIP workdir), batch, noise,
+Arguments: setting (a preset: paper | digits), method (ncu | ncu_ga), model, data, init (an ncjax CLIP workdir, or
+openai:PATH / open_clip:PATH / hf:DIR), batch, noise,
 epochs, epochs_prompt, ratio (the per-batch forget fraction P). An argument left out takes the preset's value.
 """
 

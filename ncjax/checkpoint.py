@@ -33,8 +33,8 @@ class Checkpointer:
     self.directory = os.path.abspath(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep if keep and keep > 0 else None,
                                            enable_async_checkpointing=async_save, create=True)
-    self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=("state", "meta", "data"))
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=dict(
+        state=ocp.StandardCheckpointHandler(), meta=ocp.JsonCheckpointHandler(), data=ocp.JsonCheckpointHandler()))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -101,11 +101,17 @@ def read_source_meta(path: str) -> dict:
 
 
 def restore_params(path: str):
-  """(params as host arrays, metadata, step) of the checkpoint `path` points at; the caller places them."""
+  """(params as host arrays, metadata, step) of the checkpoint `path` points at; the caller places them.
+
+  Works whatever the device count the run was saved with: the state is restored onto one local device."""
   ckpt, step, meta = _open_step(path)
-  state = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))["state"]
+  item = ckpt.manager.item_metadata(step)["state"]
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=device), item,
+                        is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
+  state = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
   ckpt.close()
-  return state["params"], meta, step
+  return jax.tree.map(np.asarray, state["params"]), meta, step
 
 
 def overlay_params(params, source: str, abstract_params, param_sh):

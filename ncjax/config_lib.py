@@ -123,7 +123,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.input = ml_collections.ConfigDict(dict(
       dataset="digits", data_dir="", split="train", global_batch_size=256, shuffle_seed=0,
       eval_batch_size=512, min_word_count=1, on_bad_record="skip",
-      normalization="openai", augment=True, crop_scale=(0.9, 1.0), num_threads=8, prefetch=4,
+      normalization="openai", resize="shortest", augment=True, crop_scale=(0.9, 1.0), num_threads=8, prefetch=4,
   ))
 
   # Noise applied to the training pairs; the ground-truth clean flag is kept for diagnostics only.
@@ -150,8 +150,12 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 def apply_common(c, *, model: str, data: str, batch: int, epochs: int, noise: float, lr: float,
-                 noise_kind: str = "caption_shuffle", weight_decay: float = 0.1, warmup_steps: int = 20):
-  """The settings the pretraining configs share: model size, data, batch, epochs, noise, optimiser."""
+                 noise_kind: str = "caption_shuffle", weight_decay: float = 0.1, warmup_steps: int = 20,
+                 init: str = ""):
+  """The settings the pretraining configs share: model size, data, batch, epochs, noise, optimiser, and the
+  checkpoint to start from (`init`: an ncjax workdir, or openai:PATH / open_clip:PATH / hf:DIR / meru:PATH, whose
+  architecture then replaces `model`)."""
+  c.method.init_from = init
   c.model.size = model
   c.input.dataset = data
   c.input.global_batch_size = batch
@@ -165,9 +169,10 @@ def apply_common(c, *, model: str, data: str, batch: int, epochs: int, noise: fl
 
 
 def add_default_evals(c):
-  """Zero-shot (digits prompts), retrieval and noise detection on the dataset's test split, at the end of training."""
-  c.evals.zeroshot = dict(type="zeroshot", split="test", templates="digits", every_steps=0)
-  c.evals.retrieval = dict(type="retrieval", split="test", every_steps=0)
+  """Zero-shot (digits prompts), retrieval and noise detection on the dataset's test split, at the end of training.
+  `dataset` is present (empty: the training dataset) so that `--config.evals.zeroshot.dataset=...` can set it."""
+  c.evals.zeroshot = dict(type="zeroshot", dataset="", split="test", templates="digits", every_steps=0)
+  c.evals.retrieval = dict(type="retrieval", dataset="", split="test", every_steps=0)
   c.evals.noise_detection = dict(type="noise_detection", every_steps=0)
   return c
 

@@ -19,6 +19,7 @@ from ncjax import sharding as shard_lib
 from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform_from_config, noise_from_config
 from ncjax.data.pipeline import TrainData, train_data_from_config
 from ncjax.methods import Method, build_method
+from ncjax.models import pretrained
 
 
 @dataclasses.dataclass
@@ -34,6 +35,23 @@ class Experiment:
   @property
   def steps_per_epoch(self) -> int:
     return self.train_data.steps_per_epoch
+
+
+def resolve_config(config):
+  """The config with the architecture, preprocessing and tokenizer of a pretrained checkpoint laid in, when
+  `method.init_from` names one (openai:PATH, open_clip:PATH, hf:DIR, meru:PATH); otherwise unchanged.
+
+  The resolved config records the spec in `model.pretrained`; a config already resolved (e.g. the one stored in a
+  run's checkpoint, which `ncjax eval` reuses) is returned as it is, without reading the pretrained file."""
+  spec = config.method.init_from
+  if not pretrained.is_pretrained_spec(spec) or config.model.get("pretrained", "") == spec:
+    return config
+  model_config, _ = pretrained.load(spec)
+  resolved = config.copy_and_resolve_references()
+  with resolved.unlocked():
+    pretrained.apply_to_config(resolved, model_config)
+  resolved.lock()
+  return resolved
 
 
 def build_tokenizer(config, captions, saved: dict | None = None):

@@ -3,6 +3,8 @@
   python -m ncjax.main --config=configs/clip.py:model=tiny,noise=0.4 --workdir=/tmp/run [--config.optim.lr=1e-3]
   ncjax train --config=... --workdir=...          (the console script; `train` is the default command)
   ncjax eval --checkpoints=WORKDIR[,WORKDIR2/checkpoints/400] [--config=...]   (evaluate saved checkpoints)
+  ncjax eval --init=open_clip:PATH [--config=configs/clip.py] --output=DIR     (evaluate a pretrained model)
+  ncjax export --checkpoint=WORKDIR[:STEP] --format=open_clip|hf --output=DIR  (back to PyTorch tools)
 
 Re-running with the same workdir resumes from its latest checkpoint. `--cpu_devices=8` simulates 8 devices on a
 CPU host; `--num_processes/--process_id/--coordinator_address` start one process of a multi-process run (on a
@@ -31,9 +33,17 @@ _UNTIL = flags.DEFINE_integer("until_step", None, "Stop after this global step (
 _CHECKPOINTS = flags.DEFINE_string(
     "checkpoints", None, "eval: comma-separated WORKDIR (every checkpoint of the run), WORKDIR:latest, "
     "WORKDIR/checkpoints/STEP or WORKDIR/STEP")
-_OUTPUT = flags.DEFINE_string("output", None, "eval: where the summary table goes (default: the first WORKDIR/eval)")
+_OUTPUT = flags.DEFINE_string("output", None, "eval: where the summary table goes (default: the first WORKDIR/eval); "
+                              "export: the directory to write")
+_INIT = flags.DEFINE_string("init", None, "eval: evaluate a pretrained checkpoint directly (openai:PATH, "
+                            "open_clip:PATH, hf:DIR, meru:PATH) with --config's evaluators")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "export: WORKDIR[:STEP] (default: its latest checkpoint)")
+_FORMAT = flags.DEFINE_enum("format", "open_clip", ["open_clip", "hf"], "export: open_clip folder or transformers "
+                            "CLIPModel directory")
+_MODULE = flags.DEFINE_string("module", "model", "export: which two-tower module of the method ('model'; 'net_a' "
+                              "or 'net_b' for GSC+)")
 
-COMMANDS = ("train", "eval")
+COMMANDS = ("train", "eval", "export")
 
 
 def _init_jax():
@@ -66,24 +76,56 @@ def make_periodic_evaluator(config, trainer):
   return evaluate
 
 
+def run_evaluations(config, *, tokenizer, mesh, method, state, out_dir: str, step: int, experiment=None,
+                    info: dict | None = None) -> dict:
+  """Run every evaluator of config.evals on `state`; write OUT_DIR/step_N.json (+ plots) on process 0."""
+  import jax
+  from ncjax import evals
+  ctx = evals.EvalContext(config, tokenizer, mesh, experiment=experiment,
+                          plot_dir=out_dir if jax.process_index() == 0 else None, tag=f"step_{step}")
+  evaluators = evals.build_evaluators(config.evals, ctx)
+  results = evals.run_evaluators(evaluators, method.eval_model(state["params"]), state)
+  if jax.process_index() == 0 and results:
+    os.makedirs(out_dir, exist_ok=True)
+    model = config.model.get("pretrained", "") or config.model.size
+    records = evals.clip_benchmark_records(results, evaluators, model=f"{method.name}:{model}",
+                                           dataset=config.input.dataset)
+    with open(os.path.join(out_dir, f"step_{step}.json"), "w") as f:
+      json.dump(dict(step=step, method=method.name, **(info or {}), results=results, records=records), f,
+                indent=1)
+  return results
+
+
 def evaluate_state(config, exp, state, workdir: str) -> dict:
   """Run every evaluator of config.evals on a train state; write eval/step_N.json (+ plots) under workdir."""
   import jax
-  from ncjax import evals
   step = int(jax.device_get(state["step"]))
-  out_dir = os.path.join(workdir, "eval")
-  ctx = evals.EvalContext(config, exp.tokenizer, exp.mesh, experiment=exp,
-                          plot_dir=out_dir if jax.process_index() == 0 else None, tag=f"step_{step}")
-  evaluators = evals.build_evaluators(config.evals, ctx)
-  results = evals.run_evaluators(evaluators, exp.method.eval_model(state["params"]), state)
-  if jax.process_index() == 0 and results:
-    os.makedirs(out_dir, exist_ok=True)
-    records = evals.clip_benchmark_records(results, evaluators, model=f"{exp.method.name}:{config.model.size}",
-                                           dataset=config.input.dataset)
-    with open(os.path.join(out_dir, f"step_{step}.json"), "w") as f:
-      json.dump(dict(step=step, workdir=os.path.abspath(workdir), method=exp.method.name,
-                     noise_sha256=exp.train_data.noise_sha256, results=results, records=records), f, indent=1)
-  return results
+  return run_evaluations(config, tokenizer=exp.tokenizer, mesh=exp.mesh, method=exp.method, state=state,
+                         out_dir=os.path.join(workdir, "eval"), step=step, experiment=exp,
+                         info=dict(workdir=os.path.abspath(workdir), noise_sha256=exp.train_data.noise_sha256))
+
+
+def evaluate_pretrained(config, spec: str, output: str) -> dict:
+  """Evaluate an imported checkpoint as it is (no training): the evaluators of `config` (noise detection, which
+  needs training pairs, is left out) on the model `spec` describes; writes OUTPUT/eval/step_0.json."""
+  import jax
+  from ncjax import experiment, models, sharding, tokenizers
+  from ncjax.methods import build_method
+  from ncjax.models import pretrained
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.method.init_from = spec
+    config.evals = {k: v for k, v in config.evals.items() if v.get("type", k) != "noise_detection"}
+  config = experiment.resolve_config(config)
+  mesh = sharding.make_mesh(config.mesh)
+  tokenizer = tokenizers.build_tokenizer([], context_length=models.context_length_of(config.model),
+                                         kind=models.tokenizer_kind_of(config.model))
+  method = build_method(config, tokenizer=tokenizer, num_examples=0)
+  param_sh = sharding.param_shardings(method.abstract_params(), mesh)
+  params = pretrained.overlay(jax.jit(method.init_params, out_shardings=param_sh)(), spec, param_sh)
+  state = dict(params=params, method_state={})
+  return run_evaluations(config, tokenizer=tokenizer, mesh=mesh, method=method, state=state,
+                         out_dir=os.path.join(output, "eval"), step=0, info=dict(init=spec))
 
 
 def final_evaluation(config, result, workdir: str) -> dict:
@@ -193,13 +235,44 @@ def train_command(config, workdir: str):
   return results
 
 
+def export_command():
+  """Write a run's model as an open_clip folder or a Hugging Face CLIPModel directory."""
+  import ml_collections
+  from ncjax import checkpoint as ckpt_lib
+  from ncjax.models import pretrained
+  if not _CHECKPOINT.value or not _OUTPUT.value:
+    raise app.UsageError("export needs --checkpoint=WORKDIR[:STEP] and --output=DIR")
+  workdir, _, step = _CHECKPOINT.value.partition(":")
+  path = os.path.join(workdir, "checkpoints", step) if step and step != "latest" else workdir
+  params, meta, step = ckpt_lib.restore_params(path)
+  config = ml_collections.ConfigDict(meta["config"])
+  if _MODULE.value not in params:
+    raise app.UsageError(f"the checkpoint has no module {_MODULE.value!r}; modules: {sorted(params)}")
+  files = pretrained.export(params[_MODULE.value], config.model, _OUTPUT.value, _FORMAT.value,
+                            tokenizer_kind=meta["tokenizer"]["kind"], normalization=config.input.normalization)
+  load = (f"open_clip.create_model_and_transforms('local-dir:{_OUTPUT.value}')" if _FORMAT.value == "open_clip"
+          else f"transformers.CLIPModel.from_pretrained('{_OUTPUT.value}')")
+  print(f"exported {workdir} step {step} ({meta['method']}) -> {', '.join(files)}\nload it with {load}")
+  return files
+
+
 def main(argv):
   args = [a for a in argv[1:]]
   command = args[0] if args else "train"
   if command not in COMMANDS:
     raise app.UsageError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
+  if command == "export":
+    export_command()
+    return
   if command == "eval":
     _init_jax()
+    if _INIT.value:
+      from ncjax import config_lib
+      config = _CONFIG.value if _CONFIG.value is not None else config_lib.load_config_file("clip")
+      results = evaluate_pretrained(config, _INIT.value, _OUTPUT.value or "eval_pretrained")
+      for name, res in results.items():
+        print(f"{name}: " + ", ".join(f"{k}={v:.4g}" for k, v in res.items() if isinstance(v, float)))
+      return
     eval_command(_CONFIG.value)
     return
   if _CONFIG.value is None:

@@ -32,7 +32,8 @@ from ncjax import sharding as shard_lib
 from ncjax.checkpoint import overlay_params
 from ncjax.config_lib import to_json_dict
 from ncjax.contract import Stage, scalar_metrics, strip_diagnostics
-from ncjax.experiment import Experiment, build_experiment
+from ncjax.experiment import Experiment, build_experiment, resolve_config
+from ncjax.models import pretrained
 from ncjax.logging_utils import MetricWriter, Progress
 
 log = logging.getLogger("ncjax")
@@ -133,6 +134,7 @@ class Trainer:
 
   def __init__(self, config, workdir: str, *, devices=None, step: int | None = None):
     """`step`: restore that checkpoint instead of the latest (evaluation of a run's history)."""
+    config = resolve_config(config)   # a pretrained init_from defines the architecture
     self.config, self.workdir = config, workdir
     os.makedirs(workdir, exist_ok=True)
     self.checkpointer = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=config.ckpt.keep,
@@ -142,7 +144,7 @@ class Trainer:
       raise FileNotFoundError(f"{workdir} has no checkpoint at step {step}; it has {self.checkpointer.all_steps()}")
     self.resume_meta = self.checkpointer.read_meta(latest) if latest is not None else None
     saved_tok = self.resume_meta["tokenizer"] if self.resume_meta else None
-    if saved_tok is None and config.method.init_from:
+    if saved_tok is None and config.method.init_from and not pretrained.is_pretrained_spec(config.method.init_from):
       # Starting from another run's weights: its vocabulary comes with them.
       saved_tok = ckpt_lib.read_source_meta(config.method.init_from)["tokenizer"]
     self.exp = build_experiment(config, devices=devices, saved_tokenizer=saved_tok)
@@ -170,7 +172,9 @@ class Trainer:
   def init_params(self):
     params = jax.jit(self.exp.method.init_params, out_shardings=self.param_sh)()
     init_from = self.config.method.init_from
-    if init_from:
+    if pretrained.is_pretrained_spec(init_from):
+      params = pretrained.overlay(params, init_from, self.param_sh)
+    elif init_from:
       params = overlay_params(params, init_from, self.abstract_params, self.param_sh)
     return params
 

@@ -90,3 +90,102 @@ def write_precomp(directory, n_train=4, n_test=2, regions=36, dim=2048, tsv=Fals
       with open(os.path.join(directory, f"{split}_caps.txt"), "w") as f:
         for i in range(5 * n):
           f.write(f"{split} caption {i} of image {i // 5}\n")
+
+
+CIFAR10_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+def write_image_folder(root, classes=("n01440764", "n01443537", "n01484850"), per_class=(3, 2), size=24,
+                       readable=("tench", "goldfish", "great white shark")):
+  """An ImageNet-style tree root/{train,test}/<wnid>/*.png with classnames.txt ('wnid<TAB>name' lines)."""
+  import os
+  rng = np.random.default_rng(0)
+  for split, n in zip(("train", "test"), per_class):
+    for k, c in enumerate(classes):
+      os.makedirs(os.path.join(root, split, c), exist_ok=True)
+      for i in range(n):
+        _png(os.path.join(root, split, c, f"{i}.png"), rng, size, shade=k)
+  with open(os.path.join(root, "classnames.txt"), "w") as f:
+    f.write("".join(f"{c}\t{r}\n" for c, r in zip(classes, readable)))
+  return root
+
+
+def _png(path, rng, size, shade=0):
+  from PIL import Image
+  arr = rng.integers(0, 255, (size, size + 6, 3), dtype=np.uint8)
+  arr[..., shade % 3] = 200
+  Image.fromarray(arr).save(path)
+
+
+def write_prepared_tfds(data_dir, name="cifar10", names=CIFAR10_NAMES, n_train=30, n_test=20, tfrecord=False):
+  """A classification dataset prepared by tfds itself (GeneratorBasedBuilder, ArrayRecord files), optionally
+  rewritten as TFRecord files (the format most users' prepared datasets are in). Returns the labels by split, in
+  the order tfds wrote them."""
+  import io
+  import json
+  import os
+  import tensorflow_datasets as tfds
+  from PIL import Image
+
+  class Fixture(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    VERSION = tfds.core.Version("3.0.2")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+          "id": tfds.features.Text(), "image": tfds.features.Image(shape=(32, 32, 3)),
+          "label": tfds.features.ClassLabel(names=list(names))}), supervised_keys=("image", "label"))
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples(n_train, 0), "test": self._generate_examples(n_test, 1)}
+
+    def _generate_examples(self, n, seed):
+      rng = np.random.default_rng(seed)
+      for i in range(n):
+        b = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(b, format="PNG")
+        yield i, {"id": str(i), "image": b.getvalue(), "label": i % len(names)}
+
+  Fixture.name = name
+  builder = Fixture(data_dir=data_dir, file_format="array_record")
+  builder.download_and_prepare()
+  path = builder.data_dir
+  labels = {s: [int(r["label"]) for r in builder.as_data_source(split=s)] for s in ("train", "test")}
+  if tfrecord:
+    from array_record.python.array_record_module import ArrayRecordReader
+    for f in sorted(os.listdir(path)):
+      if ".array_record-" not in f:
+        continue
+      reader = ArrayRecordReader(os.path.join(path, f))
+      records = reader.read_all()
+      reader.close()
+      with open(os.path.join(path, f.replace(".array_record-", ".tfrecord-")), "wb") as out:
+        for rec in records:
+          out.write(_tfrecord_frame(rec))
+      os.remove(os.path.join(path, f))
+    info_path = os.path.join(path, "dataset_info.json")
+    with open(info_path) as f:
+      info = json.load(f)
+    info["fileFormat"] = "tfrecord"
+    with open(info_path, "w") as f:
+      json.dump(info, f)
+  return labels
+
+
+def _crc32c(data: bytes) -> int:
+  crc = 0xFFFFFFFF
+  for byte in data:
+    crc ^= byte
+    for _ in range(8):
+      crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+  return crc ^ 0xFFFFFFFF
+
+
+def _masked(crc: int) -> int:
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _tfrecord_frame(record: bytes) -> bytes:
+  import struct
+  header = struct.pack("<Q", len(record))
+  return (header + struct.pack("<I", _masked(_crc32c(header))) + record
+          + struct.pack("<I", _masked(_crc32c(record))))

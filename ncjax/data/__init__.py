@@ -1,4 +1,10 @@
-"""Datasets, noise protocols and the training input pipeline."""
+"""Datasets, noise protocols and the training input pipeline.
+
+`input.dataset` names: an in-memory dataset ('digits', 'synthetic'); 'tfds:<builder>/<config>' for a dataset built
+by `python -m ncjax.data.build` (web_pairs, karpathy, precomp, digits); 'tfds:<name>' for any other tfds dataset
+prepared under input.data_dir (cifar10, imagenet2012, ...: classification, for evaluation); 'image_folder:PATH' for
+a local labelled image tree or table (ncjax.data.classification).
+"""
 
 from __future__ import annotations
 
@@ -17,20 +23,27 @@ DATASETS.add("synthetic", synthetic.load)
 def load_split(input_config, split: str, image_size: int) -> PairSplit:
   """In-memory datasets by name; built tfds datasets as 'tfds:<builder>/<config>' (images read lazily)."""
   name = input_config.dataset
+  if name.startswith("image_folder:"):
+    from ncjax.data import classification
+    return classification.load_image_folder(name[len("image_folder:"):], split)
   if name.startswith("tfds:"):
-    from ncjax.data import sources
+    from ncjax.data import sources, tfds_builders
+    builder, _, config = name[len("tfds:"):].partition("/")
+    if builder not in tfds_builders.BUILDERS:   # a standard tfds dataset the user prepared (cifar10, ...)
+      from ncjax.data import classification
+      return classification.load_prepared_tfds(builder, config or None, input_config.data_dir, split)
     return sources.load_tfds_split(name, input_config.data_dir, split)
   if name not in DATASETS:
     raise ValueError(f"unknown dataset {name!r}; available: {DATASETS.names()} or a built 'tfds:<builder>/<config>'")
   return DATASETS[name](split, image_size=image_size)
 
 
-def eval_images(split: PairSplit, image_size: int, normalization: str = "openai"):
+def eval_images(split: PairSplit, image_size: int, normalization: str = "openai", resize: str = "shortest"):
   """The split's images as evaluators batch over them: arrays, or a view applying the evaluation transform."""
   if isinstance(split.images, np.ndarray):
     return split.images
   from ncjax.data.sources import TransformedImages
-  return TransformedImages(split.images, image_size, normalization)
+  return TransformedImages(split.images, image_size, normalization, resize)
 
 
 __all__ = ["PairSplit", "load_split", "eval_images", "DATASETS"]

@@ -30,10 +30,24 @@ def _to_pil(image) -> Image.Image:
   return Image.fromarray(arr.astype(np.uint8)).convert("RGB")
 
 
+def normalization_constants(normalization: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """(mean, std) of a named normalisation, or of 'custom:m0,m1,m2/s0,s1,s2' (what imported models carry)."""
+  if normalization in NORMALIZATION:
+    return NORMALIZATION[normalization]
+  if normalization.startswith("custom:"):
+    try:
+      mean, std = normalization[len("custom:"):].split("/")
+      mean, std = tuple(float(x) for x in mean.split(",")), tuple(float(x) for x in std.split(","))
+    except ValueError:
+      mean = std = ()
+    if len(mean) == 3 and len(std) == 3:
+      return mean, std
+  raise ValueError(f"unknown normalisation {normalization!r}; known: {sorted(NORMALIZATION)} or "
+                   f"'custom:m0,m1,m2/s0,s1,s2'")
+
+
 def normalize(pixels_uint8: np.ndarray, normalization: str = "openai") -> np.ndarray:
-  if normalization not in NORMALIZATION:
-    raise ValueError(f"unknown normalisation {normalization!r}; known: {sorted(NORMALIZATION)}")
-  mean, std = NORMALIZATION[normalization]
+  mean, std = normalization_constants(normalization)
   x = pixels_uint8.astype(np.float32) / 255.0
   return (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
 
@@ -56,9 +70,19 @@ def center_crop(img: Image.Image, size: int) -> Image.Image:
   return img.crop((left, top, left + size, top + size))
 
 
-def eval_transform(image, size: int, normalization: str = "openai") -> np.ndarray:
-  """CLIP's evaluation transform -> float32 (size, size, 3)."""
-  img = center_crop(resize_shortest_side(_to_pil(image), size), size)
+RESIZE_MODES = ("shortest", "squash")
+
+
+def eval_transform(image, size: int, normalization: str = "openai", resize: str = "shortest") -> np.ndarray:
+  """CLIP's evaluation transform -> float32 (size, size, 3): 'shortest' resizes the shortest side then centre-crops
+  (CLIP, open_clip; MERU's classification), 'squash' resizes to size x size (MERU's retrieval)."""
+  img = _to_pil(image)
+  if resize == "shortest":
+    img = center_crop(resize_shortest_side(img, size), size)
+  elif resize == "squash":
+    img = img.resize((size, size), Image.BICUBIC)
+  else:
+    raise ValueError(f"unknown resize mode {resize!r}; expected one of {RESIZE_MODES}")
   return normalize(np.asarray(img), normalization)
 
 

@@ -33,8 +33,8 @@ class RecordImages:
 class TransformedImages:
   """A view applying the evaluation transform when sliced (what evaluators batch over)."""
 
-  def __init__(self, images: RecordImages, size: int, normalization: str):
-    self.images, self.size, self.normalization = images, size, normalization
+  def __init__(self, images: RecordImages, size: int, normalization: str, resize: str = "shortest"):
+    self.images, self.size, self.normalization, self.resize = images, size, normalization, resize
 
   def __len__(self):
     return len(self.images)
@@ -43,7 +43,7 @@ class TransformedImages:
     raw = self.images.raw(image_id)
     if self.images.kind == "features":
       return np.asarray(raw, np.float32)
-    return preprocess.eval_transform(readers.decode_image(raw), self.size, self.normalization)
+    return preprocess.eval_transform(readers.decode_image(raw), self.size, self.normalization, self.resize)
 
   def __getitem__(self, key):
     if isinstance(key, slice):

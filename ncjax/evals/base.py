@@ -79,7 +79,8 @@ class Evaluator(abc.ABC):
 
   def images(self, split):
     cfg = self.context.config
-    return data_lib.eval_images(split, image_size_of(cfg.model), cfg.input.normalization)
+    return data_lib.eval_images(split, image_size_of(cfg.model), cfg.input.normalization,
+                                cfg.input.get("resize", "shortest"))
 
   @abc.abstractmethod
   def run(self, eval_model, state=None) -> dict:

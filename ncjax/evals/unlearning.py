@@ -83,7 +83,7 @@ class Unlearning(Evaluator):
   """
   task = "unlearning"
 
-  def __init__(self, context, *, forget_classes, templates: str = "digits",
+  def __init__(self, context, *, forget_classes, templates: str = "auto",
                keep_forget_classes_in_labelset: bool = True, average: str = "micro", retrieval: bool = True,
                dataset: str = "", split: str = "test"):
     super().__init__(context, dataset=dataset, split=split)

@@ -25,9 +25,18 @@ def _builtin_templates() -> dict:
     return {k: tuple(v) for k, v in json.load(f).items() if not k.startswith("_")}
 
 
-def templates_for(name: str):
-  """A template set: 'imagenet80' (CLIP paper), 'imagenet7' (OpenAI's subset), 'cifar', 'single', 'digits', or a
-  JSON file path holding a list of templates, or a {class name: [prompts]} dict (class-specific, CuPL-style)."""
+def templates_for(name: str, dataset: str = ""):
+  """A template set: 'imagenet80' (CLIP paper), 'imagenet7' (OpenAI's subset), 'cifar', 'single', 'digits', 'auto'
+  (the evaluated dataset's own CLIP prompts: digits', or CLIP_benchmark's for tfds:cifar10, tfds:imagenet2012, ...;
+  imagenet80 otherwise), or a JSON file path holding a list of templates, or a {class name: [prompts]} dict
+  (class-specific, CuPL-style)."""
+  if name == "auto":
+    from ncjax.data.classification import zeroshot_templates
+    base = dataset.split(":", 1)[-1].split("/")[0]
+    if base == "digits":
+      name = "digits"
+    else:
+      return zeroshot_templates(base) or _builtin_templates()["imagenet80"]
   if name == "digits":
     from ncjax.data.digits import ZEROSHOT_TEMPLATES
     return ZEROSHOT_TEMPLATES
@@ -94,12 +103,12 @@ class ZeroShot(Evaluator):
   """Zero-shot classification of the split's labelled images with a prompt ensemble.
 
   Args:
-    templates: a template set name (see `templates_for`) or a JSON file path.
+    templates: a template set name (see `templates_for`; 'auto': the dataset's own prompts) or a JSON file path.
     dataset, split: see Evaluator.
   """
   task = "zeroshot_classification"
 
-  def __init__(self, context, *, templates: str = "digits", dataset: str = "", split: str = "test"):
+  def __init__(self, context, *, templates: str = "auto", dataset: str = "", split: str = "test"):
     super().__init__(context, dataset=dataset, split=split)
     self.templates = templates
 
@@ -108,8 +117,9 @@ class ZeroShot(Evaluator):
     if split.image_labels is None:
       raise ValueError(f"{split.name} has no class labels: zero-shot classification needs them")
     ctx = self.context
-    weights = classifier(eval_model, ctx.tokenizer, split.class_names, templates_for(self.templates), ctx.mesh,
-                         self.batch_size)
+    dataset = self.dataset or ctx.config.input.dataset
+    weights = classifier(eval_model, ctx.tokenizer, split.class_names, templates_for(self.templates, dataset),
+                         ctx.mesh, self.batch_size)
     img = common.embed_images(eval_model, self.images(split), self.batch_size, ctx.mesh)
     return common.score_matrix(eval_model, img, weights), split
 

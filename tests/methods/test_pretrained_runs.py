@@ -1,0 +1,90 @@
+"""Starting runs from pretrained checkpoints, exporting them back, and evaluating an imported model directly."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import data_fixtures as fx
+import reference_models as rm
+from helpers import ROOT, leaves, make_config
+from ncjax import checkpoint as ckpt_lib, train
+from ncjax.models import pretrained
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def openai_checkpoint(tmp_path_factory):
+  """A reduced random CLIP saved in OpenAI's layout (16 px images, 4 px patches, 2 + 2 layers of width 128)."""
+  ref = rm.make_open_clip(rm.tiny_open_clip_cfg(True, image_size=16, patch=4))
+  path = str(tmp_path_factory.mktemp("openai") / "ViT-tiny.pt")
+  torch.save(ref.state_dict(), path)
+  return path, ref
+
+
+@pytest.fixture(scope="module")
+def ncu_run(openai_checkpoint, tmp_path_factory):
+  path, _ = openai_checkpoint
+  cfg = make_config("ncu", f"setting=paper,init=openai:{path},data=digits,batch=32,epochs=2,epochs_prompt=1",
+                    total_steps=2)
+  workdir = str(tmp_path_factory.mktemp("ncu_paper"))
+  trainer = train.Trainer(cfg, workdir)
+  init = leaves(trainer.init_params())
+  result = trainer.run()
+  return workdir, init, result
+
+
+def test_ncu_paper_setting_starts_from_an_openai_checkpoint(openai_checkpoint, ncu_run):
+  path, _ = openai_checkpoint
+  workdir, init, result = ncu_run
+  _, loaded = pretrained.load(f"openai:{path}")
+  for key, value in leaves(loaded).items():   # every tower parameter starts from the checkpoint
+    np.testing.assert_array_equal(init[f"model/{key}"], value, err_msg=key)
+  assert "prompt/ctx" in init and np.isfinite(result.metrics["loss"])
+  meta = ckpt_lib.read_source_meta(workdir)
+  assert meta["tokenizer"]["kind"] == "clip_bpe" and meta["config"]["model"]["pretrained"] == f"openai:{path}"
+  assert meta["config"]["model"]["size"] == "custom" and meta["config"]["model"]["image_width"] == 128
+  assert meta["config"]["model"]["dtype"] == "bfloat16"   # the paper preset's compute dtype is kept
+
+
+def _run_cli(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run([sys.executable, "-m", "ncjax.main", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out
+
+
+def test_export_command_writes_a_folder_open_clip_loads(ncu_run, tmp_path):
+  workdir, _, result = ncu_run
+  out = str(tmp_path / "exported")
+  printed = _run_cli("export", f"--checkpoint={workdir}", "--format=open_clip", f"--output={out}").stdout
+  assert "local-dir:" in printed
+  images, tokens = rm.images_and_tokens(size=16)
+  em = result.experiment.method.eval_model(result.params)
+  import jax
+  ours = np.asarray(jax.jit(em.encode_image)(images)), np.asarray(jax.jit(em.encode_text)(tokens))
+  back = rm.import_open_clip().create_model(f"local-dir:{out}").eval()
+  with torch.no_grad():
+    ref = (rm.normalise(back.encode_image(rm.torch_nchw(images)).numpy()),
+           rm.normalise(back.encode_text(torch.from_numpy(tokens.astype(np.int64))).numpy()))
+  for a, b in zip(ours, ref):   # bf16 towers in the run: compare in float32 against open_clip's float32
+    assert np.min(np.sum(a * b, -1)) > 0.999
+
+
+def test_eval_init_evaluates_an_imported_model_on_an_image_folder(openai_checkpoint, tmp_path):
+  path, _ = openai_checkpoint
+  root = fx.write_image_folder(str(tmp_path / "imgs"), size=20)
+  out = str(tmp_path / "eval_out")
+  _run_cli("eval", f"--init=openai:{path}", "--config=configs/clip.py", f"--output={out}", "--cpu_devices=8",
+           f"--config.evals.zeroshot.dataset=image_folder:{root}", "--config.evals.zeroshot.templates=imagenet7")
+  with open(os.path.join(out, "eval", "step_0.json")) as f:
+    report = json.load(f)
+  zs = report["results"]["zeroshot"]
+  assert report["init"] == f"openai:{path}" and 0.0 <= zs["acc1"] <= 1.0 and zs["acc5"] != zs["acc5"]  # 3 classes
+  assert "noise_detection" not in report["results"] and "retrieval" in report["results"]
+  assert {r["dataset"] for r in report["records"]} == {f"image_folder:{root}", "digits"}
