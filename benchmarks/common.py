@@ -66,3 +66,29 @@ def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
   out = [line, "-" * len(line)]
   out += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
   return "\n".join(out)
+
+
+def train_step_seconds(cfg, steps: int = 2) -> float:
+  """Median wall time of the trainer's jitted step of the first stage (compile excluded) under `cfg`."""
+  import tempfile
+  from ncjax import train
+  with cfg.unlocked():
+    cfg.log.progress = False
+    cfg.ckpt.save_at_end = False
+    cfg.evals = {}
+  with tempfile.TemporaryDirectory() as workdir:
+    trainer = train.Trainer(cfg, workdir)
+    span = trainer.spans[0]
+    state = trainer.init_state(span)
+    prog = trainer.program(span)
+    times = []
+    batches = trainer.exp.train_data.batches(0, steps + 1)
+    for s in range(steps + 1):
+      b, _, _ = next(batches)
+      t = time.perf_counter()
+      with jax.set_mesh(trainer.exp.mesh):
+        state, m = prog.step(state, b)
+      block(m)
+      if s:  # the first call compiles
+        times.append(time.perf_counter() - t)
+  return float(np.median(times))

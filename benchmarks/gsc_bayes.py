@@ -3,7 +3,6 @@ devices), and the GMM fit of GSC's label update on 10^6 scores vs scikit-learn (
 
 from __future__ import annotations
 
-import tempfile
 import time
 
 import jax
@@ -24,23 +23,7 @@ def _config(name: str, size: str, batch: int):
 
 
 def step_seconds(name: str, size: str, batch: int, steps: int = 2) -> float:
-  from ncjax import train
-  cfg = _config(name, size, batch)
-  with tempfile.TemporaryDirectory() as workdir:
-    trainer = train.Trainer(cfg, workdir)
-    span = trainer.spans[0]
-    state = trainer.init_state(span)
-    prog = trainer.program(span)
-    times = []
-    for s in range(steps + 1):
-      b, _ = trainer.exp.train_data.global_batch(s)
-      t = time.perf_counter()
-      with jax.set_mesh(trainer.exp.mesh):
-        state, m = prog.step(state, b)
-      common.block(m)
-      if s:  # the first call compiles
-        times.append(time.perf_counter() - t)
-  return float(np.median(times))
+  return common.train_step_seconds(_config(name, size, batch), steps)
 
 
 def gmm_vs_sklearn(n: int = 1_000_000) -> dict:

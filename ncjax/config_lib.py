@@ -133,6 +133,11 @@ def base_config() -> ml_collections.ConfigDict:
       kind="none", ratio=0.0, seed=0, derangement=False, file="",
   ))
 
+  # A concept to unlearn (AC / HAC and their fine-tuning baselines): the pairs whose image has one of `classes`,
+  # whose image's subreddit is in `subreddits` (names or ncjax.data.concepts.SUBREDDIT_GROUPS), or whose caption
+  # holds one of `keywords`. train_on: 'all' pairs, the 'retain' pairs only, or 'forget_retain' batches of N + N.
+  c.concept = ml_collections.ConfigDict(dict(classes=(), subreddits=(), keywords=(), train_on="all"))
+
   c.optim = ml_collections.ConfigDict(dict(
       name="adamw", lr=5e-4, weight_decay=0.2, b1=0.9, b2=0.98, eps=1e-6,
       grad_clip_norm=1.0, warmup_steps=0, schedule="cosine", min_lr_ratio=0.0,
@@ -197,6 +202,69 @@ def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
+def from_json_dict(stored: dict) -> ml_collections.ConfigDict:
+  """A config saved in a checkpoint (`to_json_dict`), laid over the current schema: keys added to ncjax since the
+  checkpoint was written take their defaults, so older runs stay evaluable and exportable. Locked."""
+  config = base_config()
+
+  def merge(node, values):
+    for key, value in values.items():
+      if isinstance(value, dict) and key in node and isinstance(node[key], ml_collections.ConfigDict):
+        merge(node[key], value)
+      else:
+        if key in node and isinstance(node[key], tuple) and isinstance(value, list):
+          value = tuple(value)     # JSON turned tuples into lists
+        node[key] = value
+
+  with config.unlocked():
+    merge(config, stored)
+  return lock(config)
+
+
 def to_json_dict(config: ml_collections.ConfigDict) -> dict:
   """A JSON-serialisable copy of the resolved config (stored in every checkpoint and metrics file)."""
   return config.to_dict()
+
+
+def plus_list(value: str) -> tuple[str, ...]:
+  """'three+five' -> ('three', 'five') (config arguments cannot hold commas)."""
+  return tuple(v.strip() for v in value.split("+") if v.strip()) if value else ()
+
+
+CONCEPT_VARIANTS = {
+    # variant: (method on the sphere, method on MERU's geometry, concept.train_on)
+    "calibrate": ("ac", "hac", "forget_retain"),
+    "retain": ("clip", "meru", "retain"),      # f-C-R / f-M-R: fine-tune on the retain pairs only
+    "all": ("clip", "meru", "all"),            # f-C / f-M: fine-tune on all pairs
+    "original": ("clip", "meru", "all"),       # O-C / O-M: the starting model, evaluated as it is (no step)
+}
+
+
+def concept_unlearning(c, a, *, geometry: str):
+  """The settings AC / HAC and their baselines share (configs/ac.py, configs/hac.py): the starting checkpoint, the
+  concept, forget/retain batches, the unlearning and retrieval evaluators. `a` holds the parsed arguments."""
+  if a.variant not in CONCEPT_VARIANTS:
+    raise ValueError(f"unknown variant {a.variant!r}; expected one of {sorted(CONCEPT_VARIANTS)}")
+  sphere_method, lorentz_method, train_on = CONCEPT_VARIANTS[a.variant]
+  c.method.name = sphere_method if geometry == "sphere" else lorentz_method
+  c.method.init_from = a.init
+  c.model.size = a.model
+  c.model.geometry = geometry
+  c.input.dataset = a.data
+  c.input.global_batch_size = a.batch
+  c.num_epochs = 0 if a.variant == "original" else a.epochs
+  c.concept.classes = plus_list(a.classes)
+  c.concept.keywords = plus_list(a.keywords)
+  c.concept.subreddits = plus_list(a.subreddits)
+  c.concept.train_on = train_on
+  c.optim.lr = a.lr
+  c.optim.weight_decay = 0.2 if geometry == "lorentz" else 0.1
+  c.optim.warmup_steps = 0
+  c.loss.alpha, c.loss.beta, c.loss.gamma, c.loss.epsilon = a.alpha, a.beta, a.gamma, a.epsilon
+  forget_eval = plus_list(a.eval_forget) or c.concept.classes
+  if forget_eval:
+    c.evals.unlearning = dict(type="unlearning", dataset="", split="test", forget_classes=forget_eval,
+                              templates="picture", keep_forget_classes_in_labelset=True, average="micro",
+                              retrieval=True, every_steps=0)
+  c.evals.retrieval = dict(type="retrieval", dataset="", split="test", every_steps=0)
+  return c

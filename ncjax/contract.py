@@ -96,6 +96,7 @@ class EvalModel:
   score: Callable[[jax.Array, jax.Array], jax.Array]
   image_features: Callable[[jax.Array], jax.Array] | None = None  # pre-projection features (linear probe)
   ensemble: Callable[[jax.Array], jax.Array] | None = None        # prompt ensemble (C, T, D) -> (C, D)
+  norm: Callable[[jax.Array], jax.Array] | None = None            # an embedding's distance from the origin (MERU)
 
 
 def param_path(path) -> str:

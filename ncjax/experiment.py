@@ -17,7 +17,8 @@ from ncjax import data as data_lib
 from ncjax import models, tokenizers
 from ncjax import sharding as shard_lib
 from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform_from_config, noise_from_config
-from ncjax.data.pipeline import TrainData, train_data_from_config
+from ncjax.data.concepts import concept_train_data
+from ncjax.data.pipeline import TrainData
 from ncjax.methods import Method, build_method
 from ncjax.models import pretrained
 
@@ -68,6 +69,6 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
   split = data_lib.load_split(config.input, config.input.split, image_size)
   tokenizer = build_tokenizer(config, split.captions, saved_tokenizer)
   noisy = noise_from_config(config.noise, split.caption_to_image)
-  train_data = train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=image_size)
+  train_data = concept_train_data(config, split, tokenizer, mesh, noisy, image_size=image_size)
   method = build_method(config, tokenizer=tokenizer, num_examples=train_data.num_examples)
   return Experiment(config, mesh, tokenizer, train_data, method, noisy, batch_transform_from_config(config.noise))

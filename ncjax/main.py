@@ -168,8 +168,8 @@ def fit_to_devices(config, n_devices: int):
 
 
 def _config_from_meta(meta: dict):
-  import ml_collections
-  return ml_collections.ConfigDict(meta["config"])
+  from ncjax import config_lib
+  return config_lib.from_json_dict(meta["config"])
 
 
 def eval_command(config):
@@ -237,15 +237,14 @@ def train_command(config, workdir: str):
 
 def export_command():
   """Write a run's model as an open_clip folder or a Hugging Face CLIPModel directory."""
-  import ml_collections
-  from ncjax import checkpoint as ckpt_lib
+  from ncjax import checkpoint as ckpt_lib, config_lib
   from ncjax.models import pretrained
   if not _CHECKPOINT.value or not _OUTPUT.value:
     raise app.UsageError("export needs --checkpoint=WORKDIR[:STEP] and --output=DIR")
   workdir, _, step = _CHECKPOINT.value.partition(":")
   path = os.path.join(workdir, "checkpoints", step) if step and step != "latest" else workdir
   params, meta, step = ckpt_lib.restore_params(path)
-  config = ml_collections.ConfigDict(meta["config"])
+  config = config_lib.from_json_dict(meta["config"])
   if _MODULE.value not in params:
     raise app.UsageError(f"the checkpoint has no module {_MODULE.value!r}; modules: {sorted(params)}")
   files = pretrained.export(params[_MODULE.value], config.model, _OUTPUT.value, _FORMAT.value,

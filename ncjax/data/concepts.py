@@ -65,3 +65,101 @@ def forget_retain_data(config, split: PairSplit, tokenizer, mesh, mask: np.ndarr
   size = image_size_of(config.model)
   return (train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=size, subset=forget),
           train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=size, subset=retain))
+
+
+class ForgetRetainData:
+  """Global batches of N retain and N forget pairs, the slides' batch for alignment calibration (AC / HAC).
+
+  Two input streams over the same split: the retain examples and the forget examples, each in its own
+  deterministic epoch order (PCG64([seed, epoch]) as TrainData). Step s takes the s-th batch of N of each (the
+  smaller forget set cycles through fresh permutations). An epoch is one pass over the retain set. Each process
+  builds its part of both halves; the batch carries `forget` (bool), which tells the method which pairs to forget
+  (a method input, not a diagnostic). N must be divisible by the device count.
+  """
+
+  def __init__(self, input_config, split: PairSplit, tokenizer, mesh, mask: np.ndarray, noisy=None, *,
+               image_size: int):
+    from ncjax.data.pipeline import batch_axes
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    if input_config.global_batch_size % 2:
+      raise ValueError(f"a forget/retain batch holds N retain and N forget pairs: global batch size "
+                       f"{input_config.global_batch_size} is odd")
+    n = input_config.global_batch_size // 2
+    forget, retain = forget_retain(split, mask)
+    if len(forget) < n:
+      raise ValueError(f"the forget set has {len(forget)} pairs, fewer than the N = {n} per batch (global batch "
+                       f"{input_config.global_batch_size} = 2N); lower input.global_batch_size")
+    half = input_config.copy_and_resolve_references()
+    with half.unlocked():
+      half.global_batch_size = n
+    self.forget_data = train_data_from_config(half, split, tokenizer, mesh, noisy, image_size=image_size,
+                                              subset=forget)
+    self.retain_data = train_data_from_config(half, split, tokenizer, mesh, noisy, image_size=image_size,
+                                              subset=retain)
+    self.forget_ids, self.retain_ids = forget, retain
+    self.global_batch_size = 2 * n
+    self.sharding = NamedSharding(mesh, P(batch_axes(mesh)))
+
+  def __getattr__(self, name):
+    # The split, its size, clean flags, tokens, transforms: shared by both streams.
+    if name in ("split", "tokenizer", "num_examples", "caption_to_image", "clean", "noise_sha256", "tokens",
+                "image_size", "normalization", "mesh", "seed", "in_memory"):
+      return getattr(self.retain_data, name)
+    raise AttributeError(name)
+
+  @property
+  def steps_per_epoch(self) -> int:
+    return self.retain_data.steps_per_epoch
+
+  def indices(self, step: int) -> np.ndarray:
+    return np.concatenate([self.retain_data.indices(step), self.forget_data.indices(step)])
+
+  def iterator_state(self, step: int) -> dict:
+    return dict(kind="forget_retain", next_step=int(step), retain=self.retain_data.iterator_state(step),
+                forget=self.forget_data.iterator_state(step))
+
+  def batches(self, start_step: int, stop_step: int):
+    import jax
+    streams = zip(range(start_step, stop_step), self.retain_data.host_batches(start_step, stop_step),
+                  self.forget_data.host_batches(start_step, stop_step))
+    for step, r, f in streams:
+      host = {k: np.concatenate([r[k], f[k]]) for k in r if not k.startswith("_")}
+      host["forget"] = np.concatenate([np.zeros(len(r["id"]), bool), np.ones(len(f["id"]), bool)])
+      arrays = {k: jax.make_array_from_process_local_data(self.sharding, v, (self.global_batch_size,) + v.shape[1:])
+                for k, v in host.items()}
+      ids = np.asarray(host["id"]) if jax.process_count() == 1 else self.indices(step)
+      yield arrays, ids, {"skipped_records": int(np.sum(r["_skipped"]) + np.sum(f["_skipped"]))}
+
+
+def concept_mask_from_config(concept_config, split: PairSplit) -> np.ndarray | None:
+  """The forget mask of `config.concept` (classes, subreddits, keywords), or None when no concept is set."""
+  classes, subreddits, keywords = (tuple(concept_config.get(k, ()) or ()) for k in ("classes", "subreddits",
+                                                                                     "keywords"))
+  if not (classes or subreddits or keywords):
+    return None
+  return concept_mask(split, classes=classes, subreddits=subreddits, keywords=keywords)
+
+
+TRAIN_ON = ("all", "retain", "forget_retain")
+
+
+def concept_train_data(config, split: PairSplit, tokenizer, mesh, noisy, *, image_size: int):
+  """The training pipeline `config.concept.train_on` asks for: 'all' pairs (an ordinary TrainData), the 'retain'
+  pairs only (fine-tuning without the concept: f-C-R / f-M-R), or 'forget_retain' batches (AC / HAC)."""
+  train_on = config.concept.train_on
+  if train_on not in TRAIN_ON:
+    raise ValueError(f"unknown concept.train_on {train_on!r}; expected one of {TRAIN_ON}")
+  mask = concept_mask_from_config(config.concept, split)
+  if mask is None:
+    if train_on != "all":
+      raise ValueError(f"concept.train_on={train_on!r} needs a concept: set concept.classes, concept.subreddits or "
+                       f"concept.keywords")
+    return train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=image_size)
+  if not mask.any():
+    raise ValueError(f"the concept {config.concept.to_dict()} selects no pair of {split.name}")
+  if train_on == "all":
+    return train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=image_size)
+  if train_on == "retain":
+    return train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=image_size,
+                                  subset=forget_retain(split, mask)[1])
+  return ForgetRetainData(config.input, split, tokenizer, mesh, mask, noisy, image_size=image_size)

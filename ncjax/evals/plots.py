@@ -59,3 +59,16 @@ def plot_clean_noisy_histogram(scores, clean, path: str, title: str = "", xlabel
   ax.hist(scores[clean], bins=bins, alpha=0.6, label=f"clean pairs (n={int(clean.sum())})", color="tab:blue")
   ax.hist(scores[~clean], bins=bins, alpha=0.6, label=f"noisy pairs (n={int((~clean).sum())})", color="tab:red")
   return _finish(plt, fig, ax, path, xlabel, "count", title or "clean vs noisy")
+
+
+def plot_norm_distributions(norms: dict, path: str, title: str = "") -> str:
+  """Histograms of embedding norms by group, e.g. {'forget images': ..., 'retain images': ..., ...} (HAC's
+  hyperbolic norms: how far from the generic origin each embedding sits)."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  values = [np.asarray(v, np.float64) for v in norms.values()]
+  lo, hi = min(float(v.min()) for v in values), max(float(v.max()) for v in values)
+  bins = np.linspace(lo, hi + 1e-9, 40)
+  for (label, v) in zip(norms, values):
+    ax.hist(v, bins=bins, alpha=0.5, density=True, label=f"{label} (n={len(v)})")
+  return _finish(plt, fig, ax, path, "Lorentz norm d(O, x)", "density", title or "embedding norms")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ncjax.evals import common, retrieval
+from ncjax.evals import common, plots, retrieval
 from ncjax.evals.base import Evaluator, register
 from ncjax.evals.zeroshot import ZeroShot
 
@@ -71,7 +71,8 @@ def forget_retain_retrieval(similarity, caption_to_image, forget_images, ks=(1, 
 
 @register("unlearning")
 class Unlearning(Evaluator):
-  """F-acc / R-acc of zero-shot classification for `forget_classes`, and retrieval R@K on forget vs retain pairs.
+  """F-acc / R-acc of zero-shot classification for `forget_classes`, retrieval R@K on forget vs retain pairs, and
+  for MERU models the Lorentz norms of forget vs retain embeddings (means, and a PNG of their distributions).
 
   Args:
     forget_classes: class names or indices of the forgotten concept (required).
@@ -99,10 +100,26 @@ class Unlearning(Evaluator):
     forget_ids = [split.class_names.index(c) if isinstance(c, str) else int(c) for c in self.forget_classes]
     out = forget_retain_accuracy(scores, split.image_labels, forget_ids,
                                  keep_forget_classes_in_labelset=self.keep, average=self.average)
-    if self.with_retrieval:
+    if self.with_retrieval or eval_model.norm is not None:
       ctx = self.context
       img = common.embed_images(eval_model, self.images(split), self.batch_size, ctx.mesh)
       txt = common.embed_texts(eval_model, ctx.tokenizer.encode(split.captions), self.batch_size, ctx.mesh)
-      sim = common.score_matrix(eval_model, img, txt)
-      out.update(forget_retain_retrieval(sim, split.caption_to_image, np.isin(split.image_labels, forget_ids)))
+      forget_images = np.isin(split.image_labels, forget_ids)
+      if self.with_retrieval:
+        sim = common.score_matrix(eval_model, img, txt)
+        out.update(forget_retain_retrieval(sim, split.caption_to_image, forget_images))
+      if eval_model.norm is not None:
+        out.update(self._norms(eval_model, img, txt, forget_images, split.caption_to_image))
     return {k: v for k, v in out.items() if not isinstance(v, (bool, str))}
+
+  def _norms(self, eval_model, img, txt, forget_images, caption_to_image) -> dict:
+    import jax
+    norm = jax.jit(eval_model.norm)
+    img_n, txt_n = np.asarray(norm(img)), np.asarray(norm(txt))
+    forget_caps = forget_images[np.asarray(caption_to_image)]
+    groups = {"forget images": img_n[forget_images], "retain images": img_n[~forget_images],
+              "forget texts": txt_n[forget_caps], "retain texts": txt_n[~forget_caps]}
+    path = self.context.plot_path("norms")
+    if path and all(len(v) for v in groups.values()):
+      plots.plot_norm_distributions(groups, path, "Lorentz norms: forget vs retain")
+    return {f"norm_{k.replace(' ', '_')}": float(np.mean(v)) if len(v) else float("nan") for k, v in groups.items()}

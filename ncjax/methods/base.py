@@ -33,8 +33,18 @@ class Method(abc.ABC):
   """Base class. Subclasses set `name` and implement create_modules and stages."""
 
   name: str = ""
+  # The embedding geometries (config.model.geometry) whose similarity this method's losses use. A method whose
+  # losses are cosine-based refuses MERU's Lorentz model at build time instead of computing dot products of
+  # hyperboloid points.
+  supported_geometries: tuple[str, ...] = ("sphere",)
 
   def __init__(self, config, *, tokenizer, num_examples: int):
+    geometry = config.model.get("geometry", "sphere")
+    if geometry not in self.supported_geometries:
+      raise ValueError(f"method {self.name!r} supports model.geometry in {self.supported_geometries}, not "
+                       f"{geometry!r}: its losses are written for that geometry's similarity"
+                       + (" (cosine); for MERU models use method 'meru', 'clip', 'siglip' or 'hac'"
+                          if geometry == "lorentz" else ""))
     self.config = config
     self.tokenizer = tokenizer
     self.num_examples = num_examples
@@ -99,7 +109,7 @@ class Method(abc.ABC):
     model = self.bind(params).model
     return EvalModel(encode_image=model.encode_image, encode_text=model.encode_text, score=model.score,
                      image_features=lambda x: model.encode_image(x, return_features=True)[1],
-                     ensemble=model.geometry.ensemble)
+                     ensemble=model.geometry.ensemble, norm=getattr(model.geometry, "norm", None))
 
   # --- helpers for subclasses ---------------------------------------------------------------------------------
   def default_param_groups(self, lr: float | None = None, weight_decay: float | None = None,

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from ncjax.losses import bayes, contrastive
 from ncjax.methods.base import Stage, Update
 from ncjax.methods.registry import register
-from ncjax.methods.two_tower import TwoTowerMethod
+from ncjax.methods.two_tower import TwoTowerMethod, stored_clamps
 from ncjax.samplers import gamma
 
 
@@ -97,7 +97,8 @@ class BayesianCL(TwoTowerMethod):
     return loss, (metrics, new)
 
   def stages(self):
-    return (Stage("train", self.config.num_epochs, (Update("main", self.loss_fn, self.default_param_groups()),)),)
+    return (Stage("train", self.config.num_epochs, (Update("main", self.loss_fn, self.default_param_groups()),),
+                  post_update=stored_clamps(self.config)),)
 
   def clean_scores(self, params, state):
     del params

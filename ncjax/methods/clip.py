@@ -11,11 +11,16 @@ from ncjax.methods.two_tower import SingleModelMethod
 
 @register("clip")
 class CLIP(SingleModelMethod):
+  """Symmetric InfoNCE on the model's similarity: cosine on the sphere, negative Lorentz distance for MERU's
+  geometry (MERU's contrastive loss; `meru` adds its entailment term)."""
+
+  supported_geometries = ("sphere", "lorentz")
 
   def model_loss(self, model, batch, rng):
     del rng
-    image_emb = model.encode_image(batch["image"])
-    text_emb = model.encode_text(batch["tokens"])
+    return self.embedding_loss(model, model.encode_image(batch["image"]), model.encode_text(batch["tokens"]))
+
+  def embedding_loss(self, model, image_emb, text_emb):
     logits = model.get_logit_scale()
     if model.geometry.name == "sphere":
       return contrastive.infonce(image_emb, text_emb, logits)

@@ -17,6 +17,7 @@ from ncjax import models
 from ncjax.losses import gsc
 from ncjax.methods.base import EvalModel, Method, Stage, Update
 from ncjax.methods.registry import register
+from ncjax.methods.two_tower import stored_clamps
 
 _STATE_KEYS = ("pred", "topo", "pred_target", "topo_target", "y", "clean_prob")
 
@@ -76,7 +77,8 @@ class GSC(Method):
 
   def stages(self):
     groups = self.default_param_groups()
-    return (Stage("train", self.config.num_epochs, (Update("main", self.loss_fn, groups),)),)
+    return (Stage("train", self.config.num_epochs, (Update("main", self.loss_fn, groups),),
+                  post_update=stored_clamps(self.config, self.nets)),)
 
   def clean_scores(self, params, state):
     del params

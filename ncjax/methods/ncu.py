@@ -23,7 +23,8 @@ from flax import nnx
 from ncjax.losses import contrastive, ncu as ncu_loss
 from ncjax.methods.base import ParamGroup, Stage, Update
 from ncjax.methods.registry import register
-from ncjax.methods.two_tower import SingleModelMethod, TwoTowerMethod, clamp_logit_scale
+from ncjax.contract import chain_post_updates
+from ncjax.methods.two_tower import SingleModelMethod, TwoTowerMethod, clamp_logit_scale, stored_clamps
 from ncjax.models.prompt import NegativePrompt, encode_negative_text
 from ncjax.numerics import MAX_LOGIT_SCALE
 
@@ -103,7 +104,7 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
                    if m.train_text_in_prompt else [])
     prompt_stage = Stage("prompt", m.epochs_prompt, (Update("prompt", self.prompt_stage_loss, tuple(
         frozen + [ParamGroup(r"prompt/.*", m.lr_prompt, m.weight_decay_prompt, name="prompt")] + text_groups
-        + [ParamGroup(".*", None, name="frozen_rest")])),))
+        + [ParamGroup(".*", None, name="frozen_rest")])),), post_update=stored_clamps(self.config))
     blocks = "|".join(str(i) for i in range(m.frozen_text_blocks))
     frozen_text = (rf"model/txt/(transformer/block_({blocks})/.*|pos_embedding)" if blocks
                    else r"model/txt/pos_embedding")
@@ -112,7 +113,7 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
             frozen + [ParamGroup(r"prompt/.*", None, name="prompt_frozen"),
                       ParamGroup(frozen_text, None, name="text_frozen"),
                       ParamGroup(".*", m.lr_unlearn, optim.weight_decay, name="unlearn")])),),
-                          post_update=UNLEARN_CLAMP)
+                          post_update=chain_post_updates(stored_clamps(self.config), UNLEARN_CLAMP))
     if self.config.num_epochs <= m.epochs_prompt:
       raise ValueError(f"num_epochs={self.config.num_epochs} leaves no unlearning epochs after "
                        f"method.epochs_prompt={m.epochs_prompt}")
@@ -151,4 +152,4 @@ class GradientAscent(_ForgetStateMixin, SingleModelMethod):
                       forget_mask=forget)
 
   def post_update(self):
-    return UNLEARN_CLAMP
+    return chain_post_updates(stored_clamps(self.config), UNLEARN_CLAMP)

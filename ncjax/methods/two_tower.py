@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from ncjax import models
 from ncjax.contract import PostUpdate
 from ncjax.methods.base import Method, Stage, Update
+from ncjax.models.two_tower import clamp_stored
 
 
 def clamp_logit_scale(low: float, high: float, module: str = "model") -> PostUpdate:
@@ -18,6 +19,19 @@ def clamp_logit_scale(low: float, high: float, module: str = "model") -> PostUpd
   def clamp(params):
     sub = dict(params[module], logit_scale=jnp.clip(params[module]["logit_scale"], low, high))
     return dict(params, **{module: sub})
+  return clamp
+
+
+def stored_clamps(config, modules=("model",)) -> PostUpdate:
+  """The post-update keeping each two-tower module's stored scalars in range (logit scale <= ln 100; MERU's
+  curvature and alphas), as open_clip and MERU clamp the parameters themselves after every step."""
+  geometry, curv_init = config.model.get("geometry", "sphere"), float(config.model.get("curv_init", 1.0))
+
+  def clamp(params):
+    out = dict(params)
+    for name in modules:
+      out[name] = clamp_stored(params[name], geometry=geometry, curv_init=curv_init)
+    return out
   return clamp
 
 
@@ -44,8 +58,8 @@ class SingleModelMethod(TwoTowerMethod):
     return state
 
   def post_update(self) -> PostUpdate | None:
-    """What runs on the parameters after every update of the stage (default: nothing)."""
-    return None
+    """What runs on the parameters after every update of the stage (default: the stored-value clamps)."""
+    return stored_clamps(self.config)
 
   def loss_fn(self, params, state, batch, rng):
     model = self.bind(params).model

@@ -54,7 +54,8 @@ class Lorentz(nnx.Module):
   """MERU's geometry: features scaled by exp(alpha) (alpha <= 0) and lifted with exp_map0 onto the hyperboloid.
 
   Training logits use negative geodesic distance; evaluation ranks by the Lorentzian inner product (as MERU's
-  zero-shot and retrieval evaluators do). Curvature c = exp(curv), curv clamped to [log(c0/10), log(10 c0)].
+  zero-shot and retrieval evaluators do). Curvature c = exp(curv). MERU keeps curv in [log(c0/10), log(10 c0)] and
+  the alphas <= 0 by clamping the stored parameters (`ncjax.models.two_tower.clamp_stored`, run after every update).
   """
 
   name = "lorentz"
@@ -70,13 +71,10 @@ class Lorentz(nnx.Module):
     self.textual_alpha = nnx.Param(jnp.asarray(alpha0, jnp.float32))
 
   def curvature(self):
-    lo, hi = math.log(self.curv_init / 10), math.log(self.curv_init * 10)
-    curv = jnp.clip(self.curv[...], lo, hi)
-    return jnp.exp(curv)
+    return jnp.exp(self.curv[...])
 
   def embed(self, features, modality: str):
     alpha = self.visual_alpha[...] if modality == "image" else self.textual_alpha[...]
-    alpha = jnp.minimum(alpha, 0.0)
     return lorentz.exp_map0(jnp.asarray(features, jnp.float32) * jnp.exp(alpha), self.curvature())
 
   def logits_similarity(self, a, b):
@@ -87,6 +85,10 @@ class Lorentz(nnx.Module):
 
   def paired_similarity(self, a, b):
     return -lorentz.paired_dist(a, b, self.curvature())
+
+  def norm(self, x):
+    """The Lorentz norm d_L(O, x): how generic (near the origin) or specific an embedding is."""
+    return lorentz.hyperbolic_norm(x, self.curvature())
 
   def ensemble(self, template_embeddings):
     """MERU's prompt ensemble: average in the tangent space at the origin, then exp-map back (C, T, D) -> (C, D).

@@ -2,7 +2,10 @@
 
 Towers are looked up in registries by `type`, so new towers (region features with their own text encoder,
 timm-style ViTs) plug in with `register_image_tower` / `register_text_tower` and touch neither this file nor the
-trainer. `logit_scale` is the log of the logit multiplier (CLIP convention), clamped to <= log(100) where read.
+trainer. `logit_scale` is the log of the logit multiplier (CLIP convention). Its cap (<= log 100) and MERU's
+curvature and alpha bounds are applied to the *stored* parameters after every optimiser update (`clamp_stored`,
+run by each method's stages), as open_clip and MERU do: a value clamped where it is read would get zero gradient
+and could never come back.
 """
 
 from __future__ import annotations
@@ -40,19 +43,17 @@ class TwoTower(nnx.Module):
   """
 
   def __init__(self, image_tower: nnx.Module, text_tower: nnx.Module, geometry: nnx.Module, *,
-               logit_scale_init: float = math.log(1 / 0.07), logit_bias_init: float | None = None,
-               max_logit_scale: float = MAX_LOGIT_SCALE):
+               logit_scale_init: float = math.log(1 / 0.07), logit_bias_init: float | None = None):
     self.img = image_tower
     self.txt = text_tower
     self.geometry = geometry
-    self.max_logit_scale = max_logit_scale
     self.logit_scale = nnx.Param(jnp.asarray(logit_scale_init, jnp.float32))
     self.has_bias = logit_bias_init is not None
     if self.has_bias:
       self.logit_bias = nnx.Param(jnp.asarray(logit_bias_init, jnp.float32))
 
   def get_logit_scale(self):
-    return jnp.minimum(self.logit_scale[...], self.max_logit_scale)
+    return self.logit_scale[...]
 
   def get_logit_bias(self):
     return self.logit_bias[...] if self.has_bias else jnp.zeros((), jnp.float32)
@@ -79,3 +80,18 @@ class TwoTower(nnx.Module):
   def __call__(self, images, tokens):
     return dict(image_emb=self.encode_image(images), text_emb=self.encode_text(tokens),
                 logit_scale=self.get_logit_scale(), logit_bias=self.get_logit_bias())
+
+
+def clamp_stored(params: dict, *, geometry: str = "sphere", curv_init: float = 1.0,
+                 max_logit_scale: float = MAX_LOGIT_SCALE) -> dict:
+  """A TwoTower's parameters with the stored scalars clamped into their ranges (after an optimiser update):
+  logit_scale <= ln 100; for MERU's Lorentz geometry, log-curvature in [log(c0/10), log(10 c0)] and the log-alphas
+  <= 0 (MERU clamps these at every forward pass, on the stored values)."""
+  out = dict(params, logit_scale=jnp.minimum(params["logit_scale"], max_logit_scale))
+  if geometry == "lorentz":
+    geo = dict(params["geometry"])
+    geo["curv"] = jnp.clip(geo["curv"], math.log(curv_init / 10), math.log(curv_init * 10))
+    geo["visual_alpha"] = jnp.minimum(geo["visual_alpha"], 0.0)
+    geo["textual_alpha"] = jnp.minimum(geo["textual_alpha"], 0.0)
+    out["geometry"] = geo
+  return out

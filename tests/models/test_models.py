@@ -45,9 +45,46 @@ def test_two_tower_embeddings_are_unit_norm_and_float32():
   assert float(out["logit_scale"]) == pytest.approx(math.log(1 / 0.07), rel=1e-6)
 
 
-def test_logit_scale_is_clamped_to_log_100():
+def test_stored_scalars_are_clamped_after_updates_not_where_read():
+  from ncjax.models.two_tower import clamp_stored
   m = build(logit_scale_init=10.0)
-  assert float(m.get_logit_scale()) == pytest.approx(math.log(100.0), rel=1e-6)
+  assert float(m.get_logit_scale()) == 10.0     # reading never clamps (a clamped read has zero gradient)
+  params = dict(logit_scale=jnp.float32(10.0),
+                geometry=dict(curv=jnp.float32(5.0), visual_alpha=jnp.float32(0.3), textual_alpha=jnp.float32(-2.0)))
+  out = clamp_stored(params, geometry="lorentz", curv_init=1.0)
+  assert float(out["logit_scale"]) == pytest.approx(math.log(100.0), rel=1e-6)
+  assert float(out["geometry"]["curv"]) == pytest.approx(math.log(10.0), rel=1e-6)
+  assert float(out["geometry"]["visual_alpha"]) == 0.0 and float(out["geometry"]["textual_alpha"]) == -2.0
+  low = clamp_stored(dict(params, geometry=dict(params["geometry"], curv=jnp.float32(-5.0))), geometry="lorentz")
+  assert float(low["geometry"]["curv"]) == pytest.approx(math.log(0.1), rel=1e-6)
+
+
+def test_a_clamped_parameter_comes_back_when_its_gradient_reverses():
+  """Drive the logit scale and the curvature up against their caps, then reverse the loss: with the clamp on the
+  stored value they move back at once (a read-time clamp would leave them above the cap with zero gradient)."""
+  import optax
+  from ncjax.models.two_tower import clamp_stored
+  params = dict(logit_scale=jnp.float32(4.5), geometry=dict(curv=jnp.float32(2.2), visual_alpha=jnp.float32(-0.1),
+                                                            textual_alpha=jnp.float32(-0.1)))
+  opt = optax.sgd(0.1)
+  state = opt.init(params)
+
+  def run(params, state, sign, steps):
+    for _ in range(steps):
+      grads = jax.grad(lambda p: sign * (p["logit_scale"] + p["geometry"]["curv"] + p["geometry"]["visual_alpha"]))(
+          params)
+      updates, state = opt.update(grads, state)
+      params = clamp_stored(optax.apply_updates(params, updates), geometry="lorentz", curv_init=1.0)
+    return params, state
+
+  params, state = run(params, state, -1.0, 10)   # push up
+  assert float(params["logit_scale"]) == pytest.approx(math.log(100.0), rel=1e-6)
+  assert float(params["geometry"]["curv"]) == pytest.approx(math.log(10.0), rel=1e-6)
+  assert float(params["geometry"]["visual_alpha"]) == 0.0
+  params, _ = run(params, state, 1.0, 1)         # reverse: one step below the caps
+  assert float(params["logit_scale"]) == pytest.approx(math.log(100.0) - 0.1, rel=1e-5)
+  assert float(params["geometry"]["curv"]) == pytest.approx(math.log(10.0) - 0.1, rel=1e-5)
+  assert float(params["geometry"]["visual_alpha"]) == pytest.approx(-0.1, rel=1e-5)
 
 
 def test_bf16_compute_keeps_float32_params_and_outputs_close():

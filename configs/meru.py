@@ -1,0 +1,39 @@
+"""MERU (Desai et al., 2023): CLIP in the Lorentz model, contrastive loss on -s d_L plus the entailment term.
+
+  python -m ncjax.main --config=configs/meru.py --workdir=/tmp/meru --cpu_devices=8            # digits
+  python -m ncjax.main --config=configs/meru.py:setting=paper,data=tfds:web_pairs/redcaps \\
+      --config.input.data_dir=/data/tfds --workdir=/runs/meru_vit_b
+MERU's public configs (methods.md §4.1): entailment weight 0.2, curvature initialised at 1 and learned in
+[0.1, 10], alphas log(1/sqrt(512)) clamped <= 0, logit scale log(1/0.07) clamped <= ln 100 (all on the stored
+values, after every step), AdamW lr 5e-4, betas (0.9, 0.98), wd 0.2 (0 for norms, biases, scalars), batch 2048,
+ImageNet normalisation. Arguments: setting (paper | digits), model, data, batch, epochs, lr, entail_weight, init.
+"""
+
+from ncjax import config_lib
+from ncjax.config_lib import optional
+
+PRESETS = {
+    "paper": dict(model="ViT-B/16", data="tfds:web_pairs/redcaps", batch=2048, epochs=10, lr=5e-4, warmup=4000,
+                  normalization="imagenet", bf16=True, evals=False),
+    "digits": dict(model="tiny", data="digits", batch=256, epochs=40, lr=1e-3, warmup=20, normalization="openai",
+                   bf16=False, evals=True),
+}
+
+
+def get_config(arg=None):
+  args = config_lib.parse_arg(arg, setting="digits", model=optional(str), data=optional(str), batch=optional(int),
+                              epochs=optional(int), lr=optional(float), noise=0.0, entail_weight=0.2, init="")
+  a = config_lib.with_preset(args, PRESETS, args.setting)
+  c = config_lib.base_config()
+  c.method.name = "meru"
+  config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs, noise=a.noise, lr=a.lr,
+                          weight_decay=0.2, warmup_steps=a.warmup, init=a.init)
+  c.model.geometry = "lorentz"
+  c.model.curv_init = 1.0
+  c.model.dtype = "bfloat16" if a.bf16 else "float32"
+  c.input.normalization = a.normalization
+  c.loss.entail_weight = a.entail_weight
+  c.loss.min_radius = 0.1
+  if a.evals:
+    config_lib.add_default_evals(c)
+  return config_lib.lock(c)
