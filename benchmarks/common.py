@@ -57,6 +57,35 @@ def write(name: str, payload: dict) -> str:
   return path
 
 
+REPORTS: list[tuple[str, list[dict], list[tuple[str, str, str]]]] = []
+
+
+def report(title: str, rows: list[dict], columns: list[tuple[str, str, str]]) -> None:
+  """Print a table now and keep it for the markdown summary (bench_results/summary.md)."""
+  print(f"\n{title}")
+  print(table(rows, columns))
+  REPORTS.append((title, rows, columns))
+
+
+def markdown_summary(path: str | None = None) -> str:
+  """Every reported table as markdown, with the machine's description."""
+  m = machine()
+  out = [f"# ncjax benchmarks\n\n{m['n_devices']} x {m['device_kind']} ({m['platform']}), {m['cpu_count']} CPUs, "
+         f"jax {m['jax']}\n"]
+  for title, rows, columns in REPORTS:
+    out.append(f"\n## {title}\n")
+    out.append("| " + " | ".join(h for _, h, _ in columns) + " |")
+    out.append("|" + "---|" * len(columns))
+    for r in rows:
+      out.append("| " + " | ".join("-" if r.get(k) is None else format(r[k], f) for k, _, f in columns) + " |")
+  text = "\n".join(out) + "\n"
+  path = path or os.path.join(RESULTS_DIR, "summary.md")
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    f.write(text)
+  return path
+
+
 def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
   """columns: (key, header, format)."""
   heads = [h for _, h, _ in columns]

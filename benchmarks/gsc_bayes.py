@@ -1,5 +1,5 @@
-"""GSC and Bayesian-CL benchmarks: their train steps vs the CLIP step (small config, global batch 2048, simulated
-devices), and the GMM fit of GSC's label update on 10^6 scores vs scikit-learn (same machine, same run)."""
+"""GSC's label update: the jitted GMM fit on 10^6 scores vs scikit-learn (same machine, same run). The GSC and
+Bayesian-CL train steps against CLIP are in benchmarks/steps.py."""
 
 from __future__ import annotations
 
@@ -9,21 +9,6 @@ import jax
 import numpy as np
 
 from benchmarks import common
-
-
-def _config(name: str, size: str, batch: int):
-  from ncjax.config_lib import load_config_file
-  cfg = load_config_file(name, f"model={size},data=synthetic,batch={batch},noise=0")
-  with cfg.unlocked():
-    cfg.log.progress = False
-    cfg.ckpt.save_at_end = False
-    cfg.evals = {}
-    cfg.num_epochs = 2
-  return cfg
-
-
-def step_seconds(name: str, size: str, batch: int, steps: int = 2) -> float:
-  return common.train_step_seconds(_config(name, size, batch), steps)
 
 
 def gmm_vs_sklearn(n: int = 1_000_000) -> dict:
@@ -51,18 +36,10 @@ def gmm_vs_sklearn(n: int = 1_000_000) -> dict:
 
 
 def run(quick: bool = False) -> dict:
-  batch = 512 if quick else 2048
-  clip = step_seconds("clip", "small", batch)
-  rows = [dict(method="CLIP", seconds=clip, ratio=1.0)]
-  for label, name in (("GSC", "gsc"), ("Bayesian CL", "bayes")):
-    sec = step_seconds(name, "small", batch)
-    rows.append(dict(method=label, seconds=sec, ratio=sec / clip))
   g = gmm_vs_sklearn(100_000 if quick else 1_000_000)
-  payload = dict(steps=rows, global_batch=batch, gmm=g)
-  common.write("gsc_bayes", payload)
-  print(f"\nTrain step, small config, global batch {batch}, {len(jax.devices())} devices")
-  print(common.table(rows, [("method", "method", "s"), ("seconds", "s/step", ".2f"), ("ratio", "vs CLIP", ".2f")]))
-  print(f"\nGMM (2 components, 10 EM iterations, k-means init) on {g['n']:,} scores + posteriors: ncjax "
-        f"{g['jax_seconds']:.3f} s on {g['devices']} devices, scikit-learn {g['sklearn_seconds']:.3f} s -> "
-        f"{g['speedup']:.1f}x; max posterior difference {g['max_posterior_diff']:.1e}")
-  return payload
+  common.write("gsc_bayes", dict(gmm=g))
+  common.report("GSC's GMM (2 components, 10 EM iterations, k-means init) + posteriors vs scikit-learn", [g],
+                [("n", "scores", ",d"), ("jax_seconds", "ncjax s", ".3f"), ("devices", "devices", "d"),
+                 ("sklearn_seconds", "scikit-learn s", ".3f"), ("speedup", "speed-up", ".1f"),
+                 ("max_posterior_diff", "max posterior diff", ".1e")])
+  return dict(gmm=g)

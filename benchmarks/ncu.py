@@ -1,17 +1,18 @@
-"""NCU benchmarks: stage-2 loss + gradient vs InfoNCE on the same embeddings (overhead ratio), masked Sinkhorn time
-and iterations vs N, and the full NCU step vs the CLIP step (small config, global batch 2048, simulated devices)."""
+"""NCU benchmarks: the stage-2 loss + gradient with each Sinkhorn solver against plain InfoNCE on the same embeddings
+(ratios measured in one run) and against the public loop's loss value; the stage-1 prompt loss; the kernel solver's
+time and iterations against N."""
 
 from __future__ import annotations
 
 import math
-import tempfile
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
+
+SCALE = math.log(1 / 0.07)
 
 
 def _embeddings(n, dim=512, seed=0):
@@ -24,96 +25,73 @@ def _embeddings(n, dim=512, seed=0):
   return [jnp.asarray(a) for a in x]
 
 
-def loss_overhead(n: int) -> dict:
+def _solvers():
+  from ncjax.losses import ncu
+  from ncjax.ot import KernelSinkhorn, OttSinkhorn, ReferenceSinkhorn
+  return {
+      "kernel (default)": ncu.UnlearningOptions(),
+      "kernel, one solve": ncu.UnlearningOptions(share_plan=True),
+      "kernel, bf16 kernel": ncu.UnlearningOptions(solver=KernelSinkhorn(kernel_dtype="bfloat16")),
+      "ott-jax": ncu.UnlearningOptions(solver=OttSinkhorn()),
+      "reference loop": ncu.UnlearningOptions(solver=ReferenceSinkhorn()),
+  }
+
+
+def loss_table(n: int, with_slow: bool = True) -> list[dict]:
   from ncjax.losses import contrastive, ncu
   v, t, tn = _embeddings(n)
-  scale = math.log(1 / 0.07)
-  forget, _ = ncu.select_forget(v, t, scale, 0.1)
-
-  def ncu_fn(v, t, tn):
-    return ncu.unlearning_loss(v, t, tn, scale, forget)[0]
-
-  ncu_grad = jax.jit(jax.value_and_grad(ncu_fn, argnums=(0, 1, 2)))
-  clip_grad = jax.jit(jax.value_and_grad(lambda v, t: contrastive.infonce(v, t, scale)[0], argnums=(0, 1)))
-  t_ncu, _ = common.time_fn(ncu_grad, v, t, tn, repeats=2 if n > 4096 else 3)
-  t_clip, _ = common.time_fn(clip_grad, v, t, repeats=3)
-  return dict(bench="ncu_loss", n=n, ncu_seconds=t_ncu, infonce_seconds=t_clip, overhead=t_ncu / t_clip)
+  forget, _ = ncu.select_forget(v, t, SCALE, 0.1)
+  clip = jax.jit(jax.value_and_grad(lambda v, t: contrastive.infonce(v, t, SCALE)[0], argnums=(0, 1)))
+  t_clip, _ = common.time_fn(clip, v, t, repeats=3)
+  rows, values = [], {}
+  for name, opts in _solvers().items():
+    if not with_slow and name in ("ott-jax", "reference loop"):
+      continue
+    f = jax.jit(jax.value_and_grad(lambda v, t, tn, o=opts: ncu.unlearning(v, t, tn, SCALE, forget, o).loss,
+                                   argnums=(0, 1, 2)))
+    sec, _ = common.time_fn(f, v, t, tn, repeats=1 if name == "reference loop" else 2)
+    values[name] = float(f(v, t, tn)[0])
+    rows.append(dict(loss="NCU stage 2", solver=name, n=n, seconds=sec, vs_infonce=sec / t_clip))
+  ref = values.get("reference loop")
+  if ref is None:   # the loop's value without timing it
+    ref = float(ncu.unlearning(v, t, tn, SCALE, forget, _solvers()["reference loop"]).loss)
+  for r in rows:
+    r["rel_diff"] = abs(values[r["solver"]] - ref) / abs(ref)
+  p = jax.jit(jax.value_and_grad(lambda v, t, tn: ncu.prompt(v, t, tn, SCALE, forget).loss, argnums=(0, 1, 2)))
+  t_prompt, _ = common.time_fn(p, v, t, tn, repeats=3)
+  rows.append(dict(loss="NCU stage 1 (prompt)", solver="-", n=n, seconds=t_prompt, vs_infonce=t_prompt / t_clip,
+                   rel_diff=None))
+  rows.append(dict(loss="InfoNCE", solver="-", n=n, seconds=t_clip, vs_infonce=1.0, rel_diff=None))
+  return rows
 
 
 def sinkhorn_scaling(n: int) -> dict:
   from ncjax.losses import ncu
-  from ncjax.ot import masked_sinkhorn_with_info
+  from ncjax.ot import KernelSinkhorn
   v, t, tn = _embeddings(n)
-  forget, _ = ncu.select_forget(v, t, math.log(1 / 0.07), 0.1)
+  forget, _ = ncu.select_forget(v, t, SCALE, 0.1)
   cost = 1.0 - ncu.extended_similarity(v, t, tn)
   cost = cost / cost.max()
   mask = ncu.transport_mask(forget)
-  a = jnp.full((n,), 1.0 / n)
-  b = jnp.full((n + 1,), 1.0 / (n + 1))
-  fn = jax.jit(lambda c, m: masked_sinkhorn_with_info(c, m, a, b, epsilon=0.03, max_iterations=100,
-                                                      threshold=1e-4 / (0.03 * n)))
+  solver = KernelSinkhorn()
+  a, b = jnp.full((n,), 1.0 / n), jnp.full((n + 1,), 1.0 / (n + 1))
+  fn = jax.jit(lambda c, m: solver(c, m, a, b))
   sec, _ = common.time_fn(fn, cost, mask, repeats=2 if n > 4096 else 3)
-  _, info = fn(cost, mask)
-  return dict(bench="sinkhorn", n=n, seconds=sec, iterations=int(info["iterations"]),
-              converged=bool(info["converged"]), row_error=float(info["row_error"]))
-
-
-def step_ratio(batch: int = 2048, size: str = "small") -> dict:
-  from ncjax import config_lib, train
-  results = {}
-  for name in ("clip", "ncu"):
-    cfg = config_lib.base_config()
-    cfg.method.name = name
-    cfg.model.size = size
-    cfg.input.dataset = "synthetic"
-    cfg.input.global_batch_size = batch
-    cfg.log.progress = False
-    cfg.ckpt.save_at_end = False
-    cfg.num_epochs = 2
-    if name == "ncu":
-      src = config_lib.load_config_file("ncu", "setting=digits")
-      for key in ("method", "loss"):
-        with cfg.unlocked():
-          cfg[key] = src[key].copy_and_resolve_references()
-      with cfg.unlocked():
-        cfg.method.init_from = ""
-        cfg.method.epochs_prompt = 1
-        cfg.method.forget_ratio = 0.1
-    with tempfile.TemporaryDirectory() as workdir:
-      trainer = train.Trainer(cfg, workdir)
-      span = trainer.spans[-1]          # NCU: the unlearning stage
-      state = trainer.init_state(span)
-      prog = trainer.program(span)
-      b0, _ = trainer.exp.train_data.global_batch(0)
-      state, m = prog.step(state, b0)
-      common.block(m)
-      times = []
-      for s in (1, 2):
-        b, _ = trainer.exp.train_data.global_batch(s)
-        t = time.perf_counter()
-        state, m = prog.step(state, b)
-        common.block(m)
-        times.append(time.perf_counter() - t)
-    results[name] = float(np.median(times))
-  return dict(bench="ncu_step", size=size, global_batch=batch, devices=len(jax.devices()),
-              clip_step_seconds=results["clip"], ncu_step_seconds=results["ncu"],
-              ratio=results["ncu"] / results["clip"])
+  out = fn(cost, mask)
+  return dict(n=n, seconds=sec, iterations=int(out.iterations),
+              row_error=float(jnp.abs(out.plan.sum(1) - a).sum()))
 
 
 def run(quick: bool = False) -> dict:
   ns = (512, 2048) if quick else (2048, 8192)
-  losses = [loss_overhead(n) for n in ns]
+  rows = [r for i, n in enumerate(ns) for r in loss_table(n, with_slow=i == 0 or not quick)]
   sinkhorn = [sinkhorn_scaling(n) for n in ((256, 1024) if quick else (256, 1024, 2048, 4096, 8192))]
-  step = step_ratio(512 if quick else 2048)
-  payload = dict(loss=losses, sinkhorn=sinkhorn, step=step)
+  payload = dict(loss=rows, sinkhorn=sinkhorn)
   common.write("ncu", payload)
-  print("\nNCU stage-2 loss + gradient vs InfoNCE on the same embeddings (D=512, one device, Sinkhorn both sides)")
-  print(common.table(losses, [("n", "N", "d"), ("ncu_seconds", "NCU s", ".3f"), ("infonce_seconds", "InfoNCE s", ".3f"),
-                              ("overhead", "NCU / InfoNCE", ".1f")]))
-  print("\nMasked Sinkhorn (ott-jax, eps 0.03 on the max-normalised cost, <= 100 iterations, one side)")
-  print(common.table(sinkhorn, [("n", "N", "d"), ("seconds", "seconds", ".3f"), ("iterations", "iterations", "d"),
-                                ("converged", "converged", "")]))
-  print(f"\nFull train step, {step['size']} config, global batch {step['global_batch']}, {step['devices']} devices: "
-        f"CLIP {step['clip_step_seconds']:.2f} s, NCU (unlearning stage) {step['ncu_step_seconds']:.2f} s -> "
-        f"NCU/CLIP = {step['ratio']:.2f}")
+  cols = [("loss", "loss", "s"), ("solver", "Sinkhorn", "s"), ("n", "N", "d"), ("seconds", "s", ".3f"),
+          ("vs_infonce", "x InfoNCE", ".1f"), ("rel_diff", "loss vs public loop", ".1e")]
+  common.report("NCU losses + gradient vs InfoNCE on the same embeddings (D=512, one device)", rows, cols)
+  common.report("Kernel Sinkhorn (one side, eps 0.03 on the max-normalised cost, <= 100 iterations)", sinkhorn,
+                [("n", "N", "d"), ("seconds", "seconds", ".3f"), ("iterations", "iterations", "d"),
+                 ("row_error", "L1 row error", ".1e")])
   return payload

@@ -9,7 +9,7 @@ import sys
 
 def main(argv=None):
   parser = argparse.ArgumentParser()
-  parser.add_argument("--suites", default="foundation,data,tokenizer,ncu,gsc_bayes,concept",
+  parser.add_argument("--suites", default="foundation,data,tokenizer,ncu,steps,gsc_bayes,scale",
                       help="comma-separated suites to run")
   parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run of the benchmarks)")
   args = parser.parse_args(argv)
@@ -18,14 +18,15 @@ def main(argv=None):
   runtime.configure_cpu_devices(int(os.environ.get("NCJAX_BENCH_CPU_DEVICES", "8")))
   import absl.logging
   absl.logging.set_verbosity(absl.logging.WARNING)
-  from benchmarks import concept, data, foundation, gsc_bayes, ncu, tokenizer
+  from benchmarks import common, data, foundation, gsc_bayes, ncu, scale, steps, tokenizer
   suites = {"foundation": foundation.run, "data": data.run, "tokenizer": tokenizer.run, "ncu": ncu.run,
-            "gsc_bayes": gsc_bayes.run, "concept": concept.run}
+            "steps": steps.run, "gsc_bayes": gsc_bayes.run, "scale": scale.run}
   for name in args.suites.split(","):
     if name not in suites:
       raise SystemExit(f"unknown suite {name!r}; suites: {sorted(suites)}")
     print(f"\n######## {name}")
     suites[name](quick=args.quick)
+  print(f"\nmarkdown summary: {common.markdown_summary()}")
   return 0
 
 

@@ -16,5 +16,7 @@ def get_config(arg=None):
   config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs, noise=a.noise, lr=a.lr,
                           init=a.init)
   c.model.dtype = "bfloat16" if a.bf16 else "float32"
+  # > 0: InfoNCE without any N x N array (ncjax/losses/chunked.py), for very large global batches.
+  c.loss.chunk_rows = 0
   config_lib.add_default_evals(c)
   return config_lib.lock(c)

@@ -93,3 +93,13 @@ def like_params_shardings(abstract_tree, abstract_params, param_sh, mesh):
     return NamedSharding(mesh, P())
 
   return jax.tree_util.tree_map_with_path(rule, abstract_tree)
+
+
+def shard_rows(x):
+  """Inside a jitted computation under `jax.set_mesh`: constrain `x` to be split along its first axis over every
+  mesh axis (the batch layout), so an N x M matrix of the global batch is never replicated. A no-op without a
+  mesh or when the rows do not divide."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or x.shape[0] % mesh.size:
+    return x
+  return jax.lax.with_sharding_constraint(x, P(tuple(mesh.axis_names), *([None] * (x.ndim - 1))))

@@ -3,6 +3,13 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Tests compile many identical programs (the same tiny model, batch and mesh in different tests, workers and
+# subprocesses): JAX's persistent compilation cache turns every repeat into a load. Shared by the xdist workers and
+# inherited by CLI subprocesses through the environment; kept between local runs under .pytest_cache/.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_ROOT, ".pytest_cache", "jax"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 from ncjax import runtime  # noqa: E402
 

@@ -19,7 +19,7 @@ ALLOWED = {
     "models": {"registry", "numerics"},
     "ot": {"registry", "numerics"},
     "samplers": {"numerics"},
-    "losses": {"models", "ot", "samplers", "numerics", "registry"},
+    "losses": {"models", "ot", "samplers", "numerics", "registry", "sharding"},
     "data": {"models", "tokenizers", "sharding", "registry", "numerics"},
     "evals": {"data", "models", "sharding", "contract", "registry", "numerics"},
     "optim": {"contract"},

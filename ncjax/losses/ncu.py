@@ -15,8 +15,8 @@ shared/reference/methods.md §1); where the paper differs, the paper's form is a
 
 Two ways in. The typed one — `prompt(..., PromptOptions)` and `unlearning(..., UnlearningOptions)` returning a
 `LossOutput` (scalars for logging; transport plans only with `return_plans=True`), options built once from
-`config.loss` with `.from_config`, the Sinkhorn solver passed in as an object (`ncjax.ot.OttSinkhorn`,
-`ReferenceSinkhorn`) — is what the method runs. `prompt_loss` / `unlearning_loss` keep the keyword signatures
+`config.loss` with `.from_config`, the Sinkhorn solver passed in as an object (`ncjax.ot.KernelSinkhorn`, the
+default; `OttSinkhorn`; `ReferenceSinkhorn`, the public loop) — is what the method runs. `prompt_loss` / `unlearning_loss` keep the keyword signatures
 documented in the README and return `(loss, metrics)` with the plans included.
 """
 
@@ -29,13 +29,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ncjax.losses import chunked
 from ncjax.losses.common import LossOutput, f32
-from ncjax.ot.masked import OttSinkhorn, solver_from_name
+from ncjax.ot.masked import KernelSinkhorn, solver_from_name
+from ncjax.sharding import shard_rows
 
 BAND = (-0.7, -0.2)  # cos(t_i, t_i^Neg) is pushed into [alpha, beta] = [-0.7, -0.2]
 REL_FORMS = ("code", "paper")
 COMBINES = ("mean", "sum")
 SEP_SCOPES = ("all", "retained")
+SOLVER_NAMES = ("kernel", "ott", "reference")
 
 
 def _check_choice(name: str, value: str, allowed, meaning: str):
@@ -68,9 +71,15 @@ class PromptOptions:
 @dataclasses.dataclass(frozen=True)
 class UnlearningOptions:
   """Stage-2 options (Eq. 8-12); defaults are the public code's. `solver(cost, mask, a, b)` returns a
-  `SinkhornOutput` (ncjax.ot)."""
+  `SinkhornOutput` (ncjax.ot). `share_plan=True` (kernel solvers): solve the image-side problem once and use its
+  transpose for the text side — the two problems are transposes of each other (same normalised cost, transposed
+  mask, swapped marginals) so their entropic optima coincide, but the public code stops both after at most 100
+  unconverged iterations, where the two plans differ: at N = 2048 one solve moves the loss by ~3e-3 relative. The
+  default (False) solves both sides as the public code does, whose iterates the kernel solver reproduces exactly."""
   kappa: float = 0.7
-  solver: Callable = OttSinkhorn()
+  solver: Callable = KernelSinkhorn()
+  share_plan: bool = False
+  chunk_rows: int = 0      # > 0: ncjax.losses.chunked's memory-lean form, rows processed in chunks of this size
   normalize_text_targets: bool = False
   combine: str = "mean"
   lambda_sep: float = 1.0
@@ -84,9 +93,11 @@ class UnlearningOptions:
   @classmethod
   def from_config(cls, loss_cfg) -> "UnlearningOptions":
     solver = solver_from_name(loss_cfg.solver, epsilon=loss_cfg.epsilon,
-                              max_iterations=loss_cfg.sinkhorn_iterations, threshold=loss_cfg.sinkhorn_threshold)
+                              max_iterations=loss_cfg.sinkhorn_iterations, threshold=loss_cfg.sinkhorn_threshold,
+                              kernel_dtype=loss_cfg.get("sinkhorn_dtype", "float32"))
     return cls(kappa=loss_cfg.kappa, solver=solver, normalize_text_targets=loss_cfg.normalize_text_targets,
-               combine=loss_cfg.combine, lambda_sep=loss_cfg.lambda_sep, sep_scope=loss_cfg.sep_scope)
+               combine=loss_cfg.combine, lambda_sep=loss_cfg.lambda_sep, sep_scope=loss_cfg.sep_scope,
+               share_plan=loss_cfg.get("share_plan", False), chunk_rows=loss_cfg.get("chunk_rows", 0))
 
 
 @jax.tree_util.register_dataclass
@@ -100,22 +111,24 @@ class TransportPlans:
   mask: jax.Array
 
 
-def clean_confidence(image_emb, text_emb, logit_scale, score: str = "row"):
-  """Eq. 2: w_i = softmax_row(s V T^T)_ii ('row', the public code) or the mean with the column softmax ('mean')."""
-  logits = jnp.exp(f32(logit_scale)) * (f32(image_emb) @ f32(text_emb).T)
-  row = jnp.diagonal(jax.nn.softmax(logits, axis=1))
-  if score == "row":
-    return row
-  if score == "mean":
-    return 0.5 * (row + jnp.diagonal(jax.nn.softmax(logits, axis=0)))
-  raise ValueError(f"unknown forget score {score!r}; expected 'row' (public code) or 'mean' (paper Eq. 2)")
+def clean_confidence(image_emb, text_emb, logit_scale, score: str = "row", chunk: int = 0):
+  """Eq. 2: w_i = softmax_row(s V T^T)_ii ('row', the public code) or the mean with the column softmax ('mean').
+  chunk > 0 computes the softmax diagonals without the N x N matrix (ncjax.losses.chunked)."""
+  _check_choice("forget score", score, ("row", "mean"), "'row' (public code) or 'mean' (paper Eq. 2)")
+  if chunk:
+    row, col = chunked.softmax_diagonals(image_emb, text_emb, logit_scale, chunk=chunk)
+  else:
+    logits = jnp.exp(f32(logit_scale)) * (f32(image_emb) @ f32(text_emb).T)
+    row = jnp.diagonal(jax.nn.softmax(logits, axis=1))
+    col = jnp.diagonal(jax.nn.softmax(logits, axis=0)) if score == "mean" else None
+  return row if score == "row" else 0.5 * (row + col)
 
 
-def select_forget(image_emb, text_emb, logit_scale, ratio: float, score: str = "row"):
+def select_forget(image_emb, text_emb, logit_scale, ratio: float, score: str = "row", chunk: int = 0):
   """(forget_mask, clean_score): the floor(ratio * N) pairs of the global batch with the lowest confidence.
 
   No gradient flows through the selection. Ties go to the lower index (a stable order)."""
-  w = jax.lax.stop_gradient(clean_confidence(image_emb, text_emb, logit_scale, score))
+  w = jax.lax.stop_gradient(clean_confidence(image_emb, text_emb, logit_scale, score, chunk))
   n = w.shape[0]
   k = int(np.floor(ratio * n))
   if k <= 0:
@@ -133,6 +146,19 @@ def band_loss(text_emb, neg_text_emb, weights=None, band=BAND):
     return jnp.mean(per)
   weights = f32(weights)
   return jnp.sum(weights * per) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def relation_sum(text_emb, neg_text_emb, weights, rel: str = "code"):
+  """sum_ij w_i w_j Delta_ij^2 of Eq. 4 through D x D Gram matrices, in O(N D^2) instead of O(N^2 D):
+    'code'  (<t_i,t_j> - <t-_i,t-_j>)^2: ||T'WT||^2 - 2||T'WT-||^2 + ||T-'WT-||^2
+    'paper' (<t_i,t-_j> - <t_j,t-_i>)^2: 2 <T'WT, T-'WT-> - 2 tr(G G), G = T'WT-
+  (W = diag(w), ||.|| the Frobenius norm); the same sums as the N x N forms."""
+  t, tn, w = f32(text_emb), f32(neg_text_emb), f32(weights)
+  tw, tnw = t * w[:, None], tn * w[:, None]
+  g_tt, g_nn, g_tn = tw.T @ t, tnw.T @ tn, tw.T @ tn
+  if rel == "code":
+    return jnp.sum(g_tt * g_tt) - 2.0 * jnp.sum(g_tn * g_tn) + jnp.sum(g_nn * g_nn)
+  return 2.0 * jnp.sum(g_tt * g_nn) - 2.0 * jnp.sum(g_tn * g_tn.T)
 
 
 def prompt(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask,
@@ -157,12 +183,7 @@ def prompt(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask,
   if o.use_neg_itm:
     terms["loss_no"] = -jnp.sum(pair * jax.nn.log_sigmoid(-m * s * (v @ tn.T))) / n_keep
   if o.use_rel:
-    if o.rel == "code":
-      delta = t @ t.T - tn @ tn.T
-    else:
-      cross = t @ tn.T
-      delta = cross - cross.T
-    terms["loss_rel"] = o.lambda_rel * jnp.sum(pair * delta ** 2) / n_keep
+    terms["loss_rel"] = o.lambda_rel * relation_sum(t, tn, keep, o.rel) / n_keep
   if o.use_sep:
     terms["loss_sep"] = o.lambda_sep * band_loss(t, tn, keep, o.band)
   loss = sum(terms.values()) if terms else jnp.zeros((), jnp.float32)
@@ -215,6 +236,47 @@ def _rownorm(x):
   return x / jnp.maximum(jnp.sum(x, axis=1, keepdims=True), 1e-30)
 
 
+def _kl_terms(targets_v, targets_t_cols, logits, n):
+  """L_img over rows of the N x (N+1) logits and L_txt over its columns (the text side's rows), without transposes."""
+  loss_img = _kl_sum(targets_v, jax.nn.log_softmax(logits, axis=1)) / n
+  loss_txt = _kl_sum(targets_t_cols, jax.nn.log_softmax(logits, axis=0)) / (n + 1)
+  return loss_img, loss_txt
+
+
+def _shared_plan_targets(o: UnlearningOptions, cost, mask, eye, n):
+  """One kernel solve: image-side targets kappa rownorm(P) + (1 - kappa) I and the text side's, laid out as columns
+  of the same N x (N+1) array (text j's target row is column j), with P = diag(u) K diag(v):
+  rownorm(P)_ij = K_ij v_j / (K v)_i and rownorm(P^T)_ji = u_i K_ij / (K^T u)_j."""
+  solver = o.solver
+  kernel = shard_rows(solver.kernel(cost, mask))
+  a = jnp.full((n,), 1.0 / n, jnp.float32)
+  b = jnp.full((n + 1,), 1.0 / (n + 1), jnp.float32)
+  u, v, it = solver.scalings(kernel, a, b)
+  k32 = kernel.astype(jnp.float32)
+  kv = jnp.matmul(kernel, v.astype(kernel.dtype), preferred_element_type=jnp.float32)
+  ktu = jnp.matmul(u.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32)
+  targets_v = o.kappa * k32 * (v[None, :] / jnp.maximum(kv, 1e-30)[:, None]) + (1.0 - o.kappa) * eye
+  targets_t = o.kappa * k32 * (u[:, None] / jnp.maximum(ktu, 1e-30)[None, :]) + (1.0 - o.kappa) * eye
+  if o.normalize_text_targets:
+    targets_t = targets_t / jnp.maximum(jnp.sum(targets_t, axis=0, keepdims=True), 1e-30)
+  plans = lambda: (u[:, None] * k32 * v[None, :],)
+  return targets_v, targets_t, it, it, plans
+
+
+def _two_solve_targets(o: UnlearningOptions, cost, mask, eye, n):
+  """The public code's two solves (image side on the cost, text side on its transpose)."""
+  a_img = jnp.full((n,), 1.0 / n, jnp.float32)
+  b_txt = jnp.full((n + 1,), 1.0 / (n + 1), jnp.float32)
+  side_v = o.solver(cost, mask, a_img, b_txt)
+  side_t = o.solver(cost.T, mask.T, b_txt, a_img)
+  plan_v, plan_t = side_v.plan, side_t.plan
+  targets_v = o.kappa * _rownorm(plan_v) + (1.0 - o.kappa) * eye
+  targets_t = o.kappa * _rownorm(plan_t) + (1.0 - o.kappa) * eye.T
+  if o.normalize_text_targets:
+    targets_t = _rownorm(targets_t)
+  return targets_v, targets_t.T, side_v.iterations, side_t.iterations, lambda: (plan_v, plan_t)
+
+
 def unlearning(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask,
                options: UnlearningOptions = UnlearningOptions(), *, return_plans: bool = False) -> LossOutput:
   """Stage 2 (Eq. 8-12): masked-OT soft targets over the extended N x (N+1) similarity, two KL terms, band term.
@@ -223,54 +285,59 @@ def unlearning(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask,
   marginals 1/N over images and 1/(N+1) over texts + negative, Sinkhorn with epsilon on the normalised cost,
   targets T = kappa rownorm(plan) + (1 - kappa) I (stop-gradient), logits Z = s S_ext:
   L_img = 1/N sum KL(T_v || softmax_row(Z)), L_txt = 1/(N+1) sum KL(T_t || softmax_row(Z^T)).
-  `extras` holds a TransportPlans with return_plans=True.
+  The N x (N+1) arrays are split over the batch axis under a mesh. `extras` holds a TransportPlans with
+  return_plans=True.
   """
   o = options
   forget_mask = jnp.asarray(forget_mask, bool)
-  n = forget_mask.shape[0]
-  s_ext = extended_similarity(image_emb, text_emb, neg_text_emb)
-  cost = 1.0 - jax.lax.stop_gradient(s_ext)
-  cost = cost / jnp.max(cost)
-  mask = transport_mask(forget_mask)
-  a_img = jnp.full((n,), 1.0 / n, jnp.float32)
-  b_txt = jnp.full((n + 1,), 1.0 / (n + 1), jnp.float32)
-  side_v = o.solver(cost, mask, a_img, b_txt)
-  side_t = o.solver(cost.T, mask.T, b_txt, a_img)
-  plan_v, plan_t = side_v.plan, side_t.plan
-  eye = identity_targets(forget_mask)
-  targets_v = jax.lax.stop_gradient(o.kappa * _rownorm(plan_v) + (1.0 - o.kappa) * eye)
-  targets_t = o.kappa * _rownorm(plan_t) + (1.0 - o.kappa) * eye.T
-  if o.normalize_text_targets:
-    targets_t = _rownorm(targets_t)
-  targets_t = jax.lax.stop_gradient(targets_t)
-  logits = jnp.exp(f32(logit_scale)) * s_ext
-  loss_img = _kl_sum(targets_v, jax.nn.log_softmax(logits, axis=1)) / n
-  loss_txt = _kl_sum(targets_t, jax.nn.log_softmax(logits.T, axis=1)) / (n + 1)
+  extras = None
+  if o.chunk_rows and not return_plans:   # memory-lean form: no N x (N+1) array but the transport kernel
+    loss_img, loss_txt, it_v, it_t = chunked.transport_kl(image_emb, text_emb, neg_text_emb, logit_scale,
+                                                          forget_mask, o, chunk=o.chunk_rows)
+  else:
+    n = forget_mask.shape[0]
+    s_ext = shard_rows(extended_similarity(image_emb, text_emb, neg_text_emb))
+    cost = 1.0 - jax.lax.stop_gradient(s_ext)
+    cost = cost / jnp.max(cost)
+    mask = transport_mask(forget_mask)
+    eye = identity_targets(forget_mask)
+    one_solve = o.share_plan and hasattr(o.solver, "scalings")
+    build = _shared_plan_targets if one_solve else _two_solve_targets
+    targets_v, targets_t_cols, it_v, it_t, plans = build(o, cost, mask, eye, n)
+    targets_v, targets_t_cols = jax.lax.stop_gradient(targets_v), jax.lax.stop_gradient(targets_t_cols)
+    logits = jnp.exp(f32(logit_scale)) * s_ext
+    loss_img, loss_txt = _kl_terms(targets_v, targets_t_cols, logits, n)
+    if return_plans:
+      p = plans()
+      plan_v = p[0]
+      plan_t = p[1] if len(p) > 1 else plan_v.T
+      extras = TransportPlans(plan_v, plan_t, targets_v, targets_t_cols.T, mask)
   loss_otr = 0.5 * (loss_img + loss_txt) if o.combine == "mean" else loss_img + loss_txt
   sep_weights = None if o.sep_scope == "all" else (~forget_mask).astype(jnp.float32)
   loss_sep = band_loss(text_emb, neg_text_emb, sep_weights, o.band)
   loss = loss_otr + o.lambda_sep * loss_sep
   scalars = dict(loss_img=loss_img, loss_txt=loss_txt, loss_otr=loss_otr, loss_sep=loss_sep,
-                 sinkhorn_iterations_img=jnp.asarray(side_v.iterations, jnp.float32),
-                 sinkhorn_iterations_txt=jnp.asarray(side_t.iterations, jnp.float32),
+                 sinkhorn_iterations_img=jnp.asarray(it_v, jnp.float32),
+                 sinkhorn_iterations_txt=jnp.asarray(it_t, jnp.float32),
                  n_forget=jnp.sum(forget_mask.astype(jnp.float32)))
-  plans = TransportPlans(plan_v, plan_t, targets_v, targets_t, mask) if return_plans else None
-  return LossOutput(loss, scalars, extras=plans)
+  return LossOutput(loss, scalars, extras=extras)
 
 
 def unlearning_loss(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, kappa: float = 0.7,
                     epsilon: float = 0.03, *, max_iterations: int = 100, threshold: float = 1e-4,
-                    solver="ott", normalize_text_targets: bool = False, combine: str = "mean",
-                    lambda_sep: float = 1.0, sep_scope: str = "all", band=BAND):
+                    solver="kernel", normalize_text_targets: bool = False, combine: str = "mean",
+                    lambda_sep: float = 1.0, sep_scope: str = "all", band=BAND, share_plan: bool = False):
   """`unlearning` with keyword options; returns (loss, metrics) with the plans and targets in the metrics.
 
-  `solver` is a name ('ott', 'reference') built with epsilon / max_iterations / threshold, or a solver object.
+  `solver` is a name ('kernel': the default, one solve in scaling form; 'ott'; 'reference': the public loop) built
+  with epsilon / max_iterations / threshold, or a solver object. `share_plan` (kernel solver): one solve for both
+  sides.
   """
   if isinstance(solver, str):
-    if solver not in ("ott", "reference"):
-      raise ValueError(f"unknown Sinkhorn solver {solver!r}; expected 'ott' or 'reference'")
+    if solver not in SOLVER_NAMES:
+      raise ValueError(f"unknown Sinkhorn solver {solver!r}; expected one of {SOLVER_NAMES}")
     solver = solver_from_name(solver, epsilon=epsilon, max_iterations=max_iterations, threshold=threshold)
   out = unlearning(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, UnlearningOptions(
       kappa=kappa, solver=solver, normalize_text_targets=normalize_text_targets, combine=combine,
-      lambda_sep=lambda_sep, sep_scope=sep_scope, band=tuple(band)), return_plans=True)
+      lambda_sep=lambda_sep, sep_scope=sep_scope, band=tuple(band), share_plan=share_plan), return_plans=True)
   return out.loss, out.metrics()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ncjax.losses import contrastive
+from ncjax.losses import chunked, contrastive
 from ncjax.methods.registry import register
 from ncjax.methods.two_tower import SingleModelMethod
 
@@ -22,6 +22,9 @@ class CLIP(SingleModelMethod):
 
   def embedding_loss(self, model, image_emb, text_emb):
     logits = model.get_logit_scale()
+    chunk = self.config.loss.get("chunk_rows", 0)
+    if model.geometry.name == "sphere" and chunk:   # very large batches: no N x N array (ncjax.losses.chunked)
+      return chunked.infonce(image_emb, text_emb, logits, chunk=chunk)
     if model.geometry.name == "sphere":
       return contrastive.infonce(image_emb, text_emb, logits)
     # Other geometries (MERU's Lorentz): logits from the geometry's similarity (negative distance).

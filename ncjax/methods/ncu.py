@@ -79,7 +79,8 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
     m = self.config.method
     model, img, txt, neg = self._embed(params, batch)
     scale = model.get_logit_scale()
-    forget, conf = ncu_loss.select_forget(img, txt, scale, m.forget_ratio, m.forget_score)
+    forget, conf = ncu_loss.select_forget(img, txt, scale, m.forget_ratio, m.forget_score,
+                                          chunk=self.config.loss.get("chunk_rows", 0))
     return img, txt, neg, scale, forget, conf
 
   def prompt_stage_loss(self, params, state, batch, rng):

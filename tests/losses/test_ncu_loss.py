@@ -167,10 +167,11 @@ def test_typed_options_and_result_equal_the_keyword_form():
 
 def test_options_from_config_and_invalid_choices():
   from helpers import load_config
-  from ncjax.ot import OttSinkhorn, ReferenceSinkhorn
+  from ncjax.ot import KernelSinkhorn, ReferenceSinkhorn
   cfg = load_config("ncu", "")
   opts = ncu.UnlearningOptions.from_config(cfg.loss)
-  assert opts.solver == OttSinkhorn(epsilon=0.03, max_iterations=100, threshold=1e-4) and opts.kappa == 0.7
+  assert opts.solver == KernelSinkhorn(epsilon=0.03, max_iterations=100, threshold=1e-4) and opts.kappa == 0.7
+  assert not opts.share_plan
   with cfg.unlocked():
     cfg.loss.solver = "reference"
   assert isinstance(ncu.UnlearningOptions.from_config(cfg.loss).solver, ReferenceSinkhorn)
@@ -180,3 +181,17 @@ def test_options_from_config_and_invalid_choices():
     with cfg.unlocked():
       cfg.loss.solver = "fast"
     ncu.UnlearningOptions.from_config(cfg.loss)
+
+
+@pytest.mark.parametrize("rel", ["code", "paper"])
+def test_relation_term_gram_form_equals_the_pairwise_sum(rel):
+  rng = np.random.default_rng(7)
+  t, tn = rng.normal(size=(2, 40, 16))
+  w = (rng.uniform(size=40) > 0.3).astype(np.float64)
+  if rel == "code":
+    delta = t @ t.T - tn @ tn.T
+  else:
+    cross = t @ tn.T
+    delta = cross - cross.T
+  expected = np.sum(np.outer(w, w) * delta ** 2)
+  assert float(ncu.relation_sum(t, tn, w, rel)) == pytest.approx(expected, rel=1e-4)

@@ -84,3 +84,10 @@ def test_b_zero_sampler_is_uninformative_and_scale_drifts():
   theory = 6.0 / (6.0 + k * 10.0)
   for mean_p in outs:   # the same for sharp and flat similarities: no information about s
     assert mean_p == pytest.approx(theory, rel=0.15)
+
+
+@pytest.mark.parametrize("a", [0.3, 1.0, 6.0, 10.0])
+def test_fixed_trip_log_gamma_draws_follow_the_gamma_distribution(a):
+  draws = np.exp(np.asarray(jax.jit(lambda k: gamma.log_gamma(k, a, (40000,)))(jax.random.PRNGKey(1))))
+  assert stats.kstest(draws, stats.gamma(a).cdf).pvalue > 1e-3
+  assert np.isfinite(draws).all() and draws.mean() == pytest.approx(a, rel=0.03)
