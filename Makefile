@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ncjax-installed
 
-.PHONY: demo test test-unit test-all bench clean
+.PHONY: demo test test-unit test-all chaos bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,15 +16,22 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(PY) -m ncjax.demo
 
-# Tests are compile-bound (XLA compiles per process): one worker per core.
+# Tests are compile-bound (XLA compiles per process): one worker per usable core, counted from
+# the cgroup quota and memory, not `-n auto` (which sees the host's CPUs inside a container).
+WORKERS ?= $(shell $(PYTHON) tests/worker_count.py)
+
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto -m "not slow" tests
+	$(PY) -m pytest -q -n $(WORKERS) -m "not slow" tests
 
 test-unit: $(STAMP)
-	$(PY) -m pytest -q -n auto -m "not slow and not e2e" tests
+	$(PY) -m pytest -q -n $(WORKERS) -m "not slow and not e2e" tests
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -n auto tests
+	$(PY) -m pytest -q -n $(WORKERS) tests
+
+# Fault injection: 20 real runs (NCU two-stage, GSC) SIGKILLed 3 times each, resumed, compared bitwise.
+chaos: $(STAMP)
+	$(PY) -m tests.chaos --trials 20 --kills 3 --json chaos_results.json
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
