@@ -131,6 +131,7 @@ def base_config() -> ml_collections.ConfigDict:
   #       'in_batch_resample' (Bayesian CL: fresh pairs of every global batch get another pair's text).
   c.noise = ml_collections.ConfigDict(dict(
       kind="none", ratio=0.0, seed=0, derangement=False, file="",
+      per_device=False,   # in_batch_resample: within each device's batch instead of the global batch
   ))
 
   # A concept to unlearn (AC / HAC and their fine-tuning baselines): the pairs whose image has one of `classes`,
@@ -141,6 +142,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim = ml_collections.ConfigDict(dict(
       name="adamw", lr=5e-4, weight_decay=0.2, b1=0.9, b2=0.98, eps=1e-6,
       grad_clip_norm=1.0, warmup_steps=0, schedule="cosine", min_lr_ratio=0.0,
+      # 'stage': a schedule per stage; 'run': one over every stage (NCU's code; offset: it counts epochs from 1).
+      schedule_scope="stage", schedule_offset_epochs=0, decay_every_epochs=0, decay_factor=0.1,
       freeze="",  # regex over parameter paths ('model/img/...'): matching parameters are frozen
   ))
 
@@ -175,10 +178,11 @@ def apply_common(c, *, model: str, data: str, batch: int, epochs: int, noise: fl
 
 def add_default_evals(c):
   """Zero-shot (digits prompts), retrieval and noise detection on the dataset's test split, at the end of training.
-  `dataset` is present (empty: the training dataset) so that `--config.evals.zeroshot.dataset=...` can set it."""
-  c.evals.zeroshot = dict(type="zeroshot", dataset="", split="test", templates="digits", every_steps=0)
-  c.evals.retrieval = dict(type="retrieval", dataset="", split="test", every_steps=0)
-  c.evals.noise_detection = dict(type="noise_detection", every_steps=0)
+  `--config.evals.NAME.enabled=False` switches one off (e.g. for data without a labelled test split). `dataset` is present (empty: the training dataset) so that `--config.evals.zeroshot.dataset=...` can set it."""
+  c.evals.zeroshot = dict(type="zeroshot", dataset="", split="test", templates="digits", every_steps=0,
+                         enabled=True)
+  c.evals.retrieval = dict(type="retrieval", dataset="", split="test", every_steps=0, enabled=True)
+  c.evals.noise_detection = dict(type="noise_detection", every_steps=0, enabled=True)
   return c
 
 

@@ -155,14 +155,29 @@ def noise_from_config(noise_config, caption_to_image) -> NoisyIndex | None:
 @dataclasses.dataclass(frozen=True)
 class InBatchResample:
   """The per-step batch transform of in-batch resampling: `transform(batch, step) -> batch` with new tokens and
-  the clean flags of this step's corruption (jittable; the key is fold_in(PRNGKey(seed), step))."""
+  the clean flags of this step's corruption (jittable; the key is fold_in(PRNGKey(seed), step)).
+
+  per_device: corrupt each device's contiguous part of the global batch on its own (floor(ratio * B / devices)
+  pairs each, texts drawn from the same part), as the paper's 128 pairs per GPU; the device count is the mesh's."""
   ratio: float
   seed: int
+  per_device: bool = False
 
   def __call__(self, batch: dict, step) -> dict:
     import jax
     key = jax.random.fold_in(jax.random.PRNGKey(self.seed), step)
-    tokens, clean = corrupt_batch(key, batch["tokens"], self.ratio)
+    tokens = batch["tokens"]
+    mesh = jax.sharding.get_abstract_mesh()
+    parts = 1 if (not self.per_device or mesh.empty) else mesh.size
+    if parts == 1:
+      tokens, clean = corrupt_batch(key, tokens, self.ratio)
+    else:
+      if tokens.shape[0] % parts:
+        raise ValueError(f"per-device noise: global batch {tokens.shape[0]} is not divisible by {parts} devices")
+      blocks = tokens.reshape((parts, tokens.shape[0] // parts) + tokens.shape[1:])
+      keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jax.numpy.arange(parts))
+      new, clean = jax.vmap(lambda k, b: corrupt_batch(k, b, self.ratio))(keys, blocks)
+      tokens, clean = new.reshape(tokens.shape), clean.reshape(-1)
     return dict(batch, tokens=tokens, clean=clean)
 
 
@@ -172,5 +187,6 @@ BatchTransform = Callable[[dict, object], dict]
 def batch_transform_from_config(noise_config) -> BatchTransform | None:
   """The dynamic noise of `config.noise` as a per-step batch transform, or None for static noise kinds."""
   if noise_config.kind == "in_batch_resample":
-    return InBatchResample(float(noise_config.ratio), int(noise_config.seed))
+    return InBatchResample(float(noise_config.ratio), int(noise_config.seed),
+                           bool(noise_config.get("per_device", False)))
   return None

@@ -66,7 +66,8 @@ def update_labels(state, valid, beta: float = 0.7, gmm_kwargs=None):
   """The once-per-epoch, dataset-wide label update (methods.md §2.2), jittable, over sharded per-sample state.
 
   state: {'pred': y_CM of the epoch, 'topo': S_IM of the epoch, 'pred_target', 'topo_target', 'y'}, arrays indexed
-  by example id; valid: bool mask of real examples (the state is padded to a multiple of the device count).
+  by example id; valid: bool mask of the examples to update (real examples, seen in the epoch being closed; the
+  state is padded to a multiple of the device count). The others are left as they are.
     1. min-max normalise topo over the valid examples;
     2. fit a 2-component GMM; prob = posterior of the component with the larger mean;
     3. topo_target <- beta * prob + (1 - beta) * topo_target;  pred_target <- beta * pred + (1 - beta) * pred_target;
@@ -83,5 +84,6 @@ def update_labels(state, valid, beta: float = 0.7, gmm_kwargs=None):
   prob = gmm.posterior_of_larger_mean(params, normed)
   topo_target = jnp.where(valid, beta * prob + (1 - beta) * state["topo_target"], state["topo_target"])
   pred_target = jnp.where(valid, beta * state["pred"] + (1 - beta) * state["pred_target"], state["pred_target"])
-  y = jnp.where(valid, jnp.minimum(pred_target, topo_target), 1.0)
+  y = jnp.where(valid, jnp.minimum(pred_target, topo_target), state["y"])
+  prob = jnp.where(valid, prob, state.get("clean_prob", jnp.ones_like(prob)))
   return dict(state, topo_target=topo_target, pred_target=pred_target, y=y, clean_prob=prob)

@@ -1,6 +1,7 @@
 """Bayesian contrastive learning: Gamma pair weights by Gibbs sampling inside a stochastic-EM weighted InfoNCE.
 
-Per step (Algorithm 1): logits = exp(logit_scale) * cos (stop-gradient copy for sampling); for each direction
+Per step (Algorithm 1): logits = cos / tau (s = exp(cos / tau), the paper's form; tau = 1 / exp(logit_scale), the
+model's learned temperature, unless `loss.tau` fixes it) with a stop-gradient copy for sampling; for each direction
 (image->text rows, text->image rows) draw u and the weights with `ncjax.samplers.gamma.gibbs` from w = 1 for
 `loss.n_sweeps` sweeps, keyed by the step's RNG; then the weighted InfoNCE of Eq. 202-203 on the live logits.
 Optional (paper Sec. 2.2): a per-sample moving average of u kept in method state by example id
@@ -69,7 +70,8 @@ class BayesianCL(TwoTowerMethod):
     lc = self.config.loss
     model = self.bind(params).model
     img, txt = model.encode_image(batch["image"]), model.encode_text(batch["tokens"])
-    scale = model.get_logit_scale()
+    # s = exp(cos / tau): the model's learned temperature (loss.tau = 0), or the paper's fixed tau.
+    scale = model.get_logit_scale() if not lc.get("tau", 0.0) else jnp.log(1.0 / jnp.asarray(lc.tau, jnp.float32))
     logits = contrastive.cosine_logits(img, txt, scale)
     sg = jax.lax.stop_gradient(logits)
     ids = batch["id"]

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from ncjax import models
 from ncjax.losses import gsc
-from ncjax.methods.base import EvalModel, Method, Stage, Update
+from ncjax.methods.base import EvalModel, Method, ParamGroup, Stage, Update
 from ncjax.methods.registry import register
 from ncjax.methods.two_tower import stored_clamps
 
@@ -36,7 +36,12 @@ class GSC(Method):
             for k, name in enumerate(self.nets)}
 
   def init_state(self, capacity):
-    return {name: {k: jnp.ones((capacity,), jnp.float32) for k in _STATE_KEYS} for name in self.nets}
+    state = {name: {k: jnp.ones((capacity,), jnp.float32) for k in _STATE_KEYS} for name in self.nets}
+    # The epoch each example was last seen in (-1: never), and the current epoch: the label update uses only the
+    # examples seen in the epoch it closes (an epoch drops its last partial batch, so some are not).
+    state["last_seen"] = jnp.full((capacity,), -1, jnp.int32)
+    state["epoch"] = jnp.zeros((), jnp.int32)
+    return state
 
   def _net_loss(self, model, batch, y):
     lc = self.config.loss
@@ -47,38 +52,58 @@ class GSC(Method):
       sim = sim * jnp.exp(model.get_logit_scale()) * lc.tau1
     return gsc.batch_loss(sim, img @ img.T, txt @ txt.T, y, lc.tau1, lc.tau2, lc.gamma)
 
-  def loss_fn(self, params, state, batch, rng):
-    del rng
-    mods = self.bind(params)
-    ids = batch["id"]
-    total, metrics, new_state = 0.0, {}, dict(state)
-    for k, name in enumerate(self.nets):
-      peer = self.nets[(k + 1) % len(self.nets)]   # co-teaching: weight with the peer's labels
+  def net_loss_fn(self, name: str):
+    """The loss of network `name`, weighted by its peer's labels under co-teaching (its own otherwise)."""
+    k = self.nets.index(name)
+    peer = self.nets[(k + 1) % len(self.nets)]
+
+    def loss_fn(params, state, batch, rng):
+      del rng
+      ids = batch["id"]
       y = jax.lax.stop_gradient(state[peer]["y"][ids])
-      loss, m = self._net_loss(getattr(mods, name), batch, y)
-      total = total + loss
-      st = dict(new_state[name])
+      loss, m = self._net_loss(getattr(self.bind(params), name), batch, y)
+      st = dict(state[name])
       st["pred"] = st["pred"].at[ids].set(m["y_cm"])
       st["topo"] = st["topo"].at[ids].set(m["s_im"])
-      new_state[name] = st
+      new = dict(state, **{name: st}, last_seen=state["last_seen"].at[ids].set(state["epoch"]))
+      return loss, (m, new)
+    return loss_fn
+
+  def loss_fn(self, params, state, batch, rng):
+    """Every network's loss summed (one update; tests and tools that want the whole objective)."""
+    total, metrics = 0.0, {}
+    for name in self.nets:
+      loss, (m, state) = self.net_loss_fn(name)(params, state, batch, rng)
+      total = total + loss
       prefix = "" if len(self.nets) == 1 else f"{name}/"
       metrics.update({prefix + key: v for key, v in m.items()})
-    return total, (metrics, new_state)
+    return total, (metrics, state)
 
   def end_of_epoch(self, params, state, epoch):
-    """The dataset-wide label update; skipped during `method.warmup_epochs` (labels stay 1, as the public code's
-    optional warm-up, off by default there: its epoch 0 is ~1,100 steps on F30K, long enough to learn first)."""
+    """The dataset-wide label update over the examples seen in this epoch (their y_CM and S_IM are this epoch's;
+    the others keep their labels). With method.warmup_epochs = k the first update runs at the end of epoch k (the
+    public code: k = 0, the end of the first epoch); before that every label stays 1."""
     del params
-    capacity = next(iter(state.values()))["y"].shape[0]
-    valid = jnp.arange(capacity) < self.num_examples
+    capacity = state["last_seen"].shape[0]
+    valid = (jnp.arange(capacity) < self.num_examples) & (state["last_seen"] == state["epoch"])
     updated = {name: gsc.update_labels(state[name], valid, self.config.method.beta) for name in self.nets}
-    active = epoch + 1 >= self.config.method.warmup_epochs
-    return jax.tree.map(lambda new, old: jnp.where(active, new, old), updated, state)
+    active = epoch >= self.config.method.warmup_epochs
+    nets = {name: jax.tree.map(lambda new, old: jnp.where(active, new, old), updated[name], state[name])
+            for name in self.nets}
+    return dict(state, **nets, epoch=state["epoch"] + 1)
 
   def stages(self):
-    groups = self.default_param_groups()
-    return (Stage("train", self.config.num_epochs, (Update("main", self.loss_fn, groups),),
-                  post_update=stored_clamps(self.config, self.nets)),)
+    """One update per network (GSC+: each with its own optimiser state and gradient clipping, as the public code's
+    two Adam optimisers), each training only its own parameters."""
+    if len(self.nets) == 1:
+      updates = (Update("main", self.net_loss_fn("model"), self.default_param_groups()),)
+    else:
+      optim = self.config.optim
+      updates = tuple(Update(name, self.net_loss_fn(name), tuple(
+          ([ParamGroup(optim.freeze, None, name="frozen")] if optim.freeze else [])
+          + [ParamGroup(rf"{name}/.*", optim.lr, optim.weight_decay, name=name), ParamGroup(".*", None)]))
+          for name in self.nets)
+    return (Stage("train", self.config.num_epochs, updates, post_update=stored_clamps(self.config, self.nets)),)
 
   def clean_scores(self, params, state):
     del params

@@ -72,3 +72,20 @@ def test_word_tokenizer_round_trip_and_truncation():
   assert tok.encode(["unseen word"])[0, 1] == tok.unk_id
   again = tokenizer_from_json(tok.to_json())
   np.testing.assert_array_equal(again.encode(["a heavy three"]), tok.encode(["a heavy three"]))
+
+
+def test_per_device_in_batch_resampling_stays_within_each_device_batch(devices):
+  import jax
+  import jax.numpy as jnp
+  import ml_collections
+  from ncjax.data.noise import InBatchResample
+  from ncjax.sharding import make_mesh
+  mesh = make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1)), devices)
+  tokens = jnp.arange(64)[:, None] * jnp.ones((1, 4), jnp.int32)   # row i holds i
+  with jax.set_mesh(mesh):
+    out = jax.jit(lambda b, s: InBatchResample(0.25, 0, per_device=True)(b, s))(dict(tokens=tokens), 3)
+  new, clean = np.asarray(out["tokens"][:, 0]), np.asarray(out["clean"])
+  block = np.arange(64) // 8
+  assert (block[new] == block).all()                 # every replacement text comes from the same device's part
+  assert (~clean).reshape(8, 8).sum(1).tolist() == [2] * 8
+  assert (new[clean] == np.arange(64)[clean]).all() and (new[~clean] != np.arange(64)[~clean]).all()

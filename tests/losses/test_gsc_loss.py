@@ -73,3 +73,37 @@ def test_label_update_matches_sklearn_and_the_synthetic_figures(seed):
   assert y[clean].mean() == pytest.approx(0.877, abs=0.025)
   assert y[~clean].mean() == pytest.approx(0.301, abs=0.01)
   assert (np.asarray(out["y"])[n:] == 1.0).all()
+
+
+def test_label_update_uses_only_examples_seen_this_epoch():
+  """Examples outside `valid` (not seen in the epoch the update closes) neither enter the min-max normalisation
+  and the GMM nor change their labels."""
+  s_im, clean = _synthetic(1)
+  n = len(s_im)
+  stale = np.arange(n) < 150
+  topo = np.where(stale, 25.0, s_im).astype(np.float32)          # stale extremes would set the min-max ceiling
+  state = {k: jnp.ones((n,), jnp.float32) for k in ("pred_target", "topo_target", "clean_prob")}
+  state.update(y=jnp.where(jnp.asarray(stale), 0.123, 1.0), topo=jnp.asarray(topo),
+               pred=jnp.asarray((s_im - s_im.min()) / (s_im.max() - s_im.min())))
+  out = jax.jit(gsc.update_labels)(state, jnp.asarray(~stale))
+  sub = {k: v[~stale] for k, v in state.items()}
+  ref = jax.jit(gsc.update_labels)(sub, jnp.ones((int((~stale).sum()),), bool))
+  np.testing.assert_allclose(np.asarray(out["y"])[~stale], np.asarray(ref["y"]), atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(out["y"])[stale], np.float32(0.123))
+
+
+@pytest.mark.parametrize("warmup,active", [(0, [True, True]), (1, [False, True]), (2, [False, False])])
+def test_warmup_epochs_count_the_epochs_before_the_first_label_update(warmup, active):
+  from helpers import make_config
+  from ncjax.methods import METHODS
+  from ncjax.tokenizers import WordTokenizer
+  cfg = make_config("gsc", f"warmup={warmup},batch=64")
+  method = METHODS.get("gsc")(cfg, tokenizer=WordTokenizer.build(["a b"], context_length=16), num_examples=64)
+  state = method.init_state(64)
+  state = dict(state, model=dict(state["model"], topo=jnp.linspace(0, 1, 64), pred=jnp.linspace(0.2, 0.9, 64)),
+               last_seen=jnp.zeros((64,), jnp.int32))
+  for epoch in (0, 1):
+    new = method.end_of_epoch(None, state, jnp.asarray(epoch))
+    assert bool((np.asarray(new["model"]["y"]) < 1).any()) == active[epoch], (warmup, epoch)
+    assert int(new["epoch"]) == epoch + 1
+    state = dict(new, last_seen=jnp.full((64,), epoch + 1, jnp.int32), model=dict(state["model"]))
