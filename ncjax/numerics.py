@@ -14,3 +14,14 @@ MAX_LOGIT_SCALE = math.log(100.0)
 def f32(x):
   """`x` as a float32 array (towers may compute in bf16; losses never do)."""
   return jnp.asarray(x, jnp.float32)
+
+
+def scaled_dot(a, b, logit_scale):
+  """exp(logit_scale) * a @ b.T in float32, with the multiplier folded into `b` before the matmul.
+
+  Why not `exp(s) * (a @ b.T)`: XLA fuses that multiply into the log-sum-exp's `z - max(z)` and the backend
+  contracts the pair into a fused multiply-add, whose unrounded product leaves the row maximum `ulp(s * x)` away
+  from its own max instead of exactly 0 — harmless at CLIP's s <= 100, but `exp` of that residue overflows once
+  the logits pass ~1e10 (e^25). A matmul output is one rounded value, so the shifted maximum is exactly 0 at any
+  scale. It also scales N x D numbers rather than N x N."""
+  return f32(a) @ (jnp.exp(f32(logit_scale)) * f32(b)).T

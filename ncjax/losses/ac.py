@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from ncjax.models import lorentz
-from ncjax.numerics import f32
+from ncjax.numerics import f32, scaled_dot
 
 F_ENT_ON = ("forget", "retain")
 NORM_REG = ("toward_origin", "away")
@@ -51,13 +51,12 @@ def _check(image_retain, text_retain, image_forget, text_forget):
                      f"{[tuple(jnp.shape(x)) for x in (image_retain, text_retain, image_forget, text_forget)]}")
 
 
-def calibration_terms(sim, logit_scale) -> dict:
-  """L_retain, L_neg, L_pos, L_perf (eq. 3-6) of a 2N x 2N similarity matrix: rows = images, columns = texts,
-  retain first then forget (pair i of each half on the diagonal)."""
-  sim = f32(sim)
-  two_n = sim.shape[0]
+def calibration_terms(logits) -> dict:
+  """L_retain, L_neg, L_pos, L_perf (eq. 3-6) of a 2N x 2N logit matrix (scale x similarity): rows = images,
+  columns = texts, retain first then forget (pair i of each half on the diagonal)."""
+  logits = f32(logits)
+  two_n = logits.shape[0]
   n = two_n // 2
-  logits = jnp.exp(f32(logit_scale)) * sim
   diag = jnp.diagonal(logits)
   row_lse = jax.nn.logsumexp(logits, axis=1)
   col_lse = jax.nn.logsumexp(logits, axis=0)
@@ -83,12 +82,12 @@ def ac_loss(image_retain, text_retain, image_forget, text_forget, logit_scale, *
   _check(image_retain, text_retain, image_forget, text_forget)
   images = jnp.concatenate([f32(image_retain), f32(image_forget)], 0)
   texts = jnp.concatenate([f32(text_retain), f32(text_forget)], 0)
-  sim = images @ texts.T
-  terms = calibration_terms(sim, logit_scale)
+  terms = calibration_terms(scaled_dot(images, texts, logit_scale))
   loss, forget = _combine(terms, alpha=alpha, beta=beta, gamma=gamma, epsilon=epsilon)
+  pos = jnp.sum(images * texts, axis=1)
   n = f32(image_retain).shape[0]
-  return loss, dict(terms, loss_forget=forget, retain_pos_similarity=jnp.mean(jnp.diagonal(sim)[:n]),
-                    forget_pos_similarity=jnp.mean(jnp.diagonal(sim)[n:]))
+  return loss, dict(terms, loss_forget=forget, retain_pos_similarity=jnp.mean(pos[:n]),
+                    forget_pos_similarity=jnp.mean(pos[n:]))
 
 
 def entailment_violation(texts, images, curv, min_radius: float = 0.1):
@@ -114,7 +113,7 @@ def hac_loss(image_retain, text_retain, image_forget, text_forget, logit_scale, 
   curv = f32(curv)
   images, texts = jnp.concatenate([xr, xf], 0), jnp.concatenate([tr, tf], 0)
   sim = -lorentz.pairwise_dist(images, texts, curv) if similarity is None else f32(similarity(images, texts))
-  terms = calibration_terms(sim, logit_scale)
+  terms = calibration_terms(jnp.exp(f32(logit_scale)) * sim)
   loss, forget = _combine(terms, alpha=alpha, beta=beta, gamma=gamma, epsilon=epsilon)
   r_ent = jnp.mean(jax.nn.relu(entailment_violation(tr, xr, curv, min_radius)))
   f_pairs = (tf, xf) if f_ent_on == "forget" else (tr, xr)

@@ -82,9 +82,14 @@ def _column_lse(axes: _Axes, m, s):
 # Symmetric InfoNCE and the softmax-diagonal statistics
 # ---------------------------------------------------------------------------------------------------------------
 def _logit_pass(axes: _Axes, v_loc, t_all, scale, chunk: int):
-  """One pass over the local rows: (row log-sum-exps (n_loc,), column (max, sum) stats (N,)). Rematerialised."""
+  """One pass over the local rows: (row log-sum-exps (n_loc,), column (max, sum) stats (N,)). Rematerialised.
+
+  The scale multiplies the gathered side before the matmul: XLA CPU mis-evaluates the log-sum-exp of
+  `scale * (v @ t.T)` inside a loop body at huge scales (+-inf at e^30), while `v @ (scale * t).T` is exact."""
+  ts = scale * t_all
+
   def body(carry, vc):
-    z = scale * (vc @ t_all.T)
+    z = vc @ ts.T
     row_lse = jax.nn.logsumexp(z, axis=1)
     bm = jax.lax.stop_gradient(jnp.max(z, axis=0))
     return _merge_lse(carry, bm, jnp.sum(jnp.exp(z - bm), axis=0)), row_lse
@@ -214,13 +219,17 @@ def transport_kl(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, op
     kv = jnp.matmul(kernel, vv.astype(kernel.dtype), preferred_element_type=jnp.float32)          # (n_loc,)
     ktv = axes.psum(jnp.matmul(vt.astype(kernel.dtype), kernel, preferred_element_type=jnp.float32))  # (N+1,)
     eye_val = jnp.where(f_loc, 0.0, 1.0)
+    # Row normalisers as safe reciprocals: an all-masked column (the negative when nothing is forgotten) has
+    # K^T v' = 0, and dividing by a floor instead would overflow to inf and give 0 * inf = NaN.
+    inv_kv = lambda x: jnp.where(x > 0, 1.0 / jnp.where(x > 0, x, 1.0), 0.0)
+    inv_ktv = inv_kv(ktv)
 
     def targets(kc, rc, fc, ec, kvc, vtc):
       """Image-side rows and text-side columns of the targets for a chunk of local rows."""
       identity = jnp.zeros_like(kc).at[jnp.arange(kc.shape[0]), offset + rc].set(ec)
       identity = identity.at[:, n].set(jnp.where(fc, 1.0, 0.0))
-      tv = o.kappa * kc * (vv[None, :] / jnp.maximum(kvc, 1e-30)[:, None]) + (1 - o.kappa) * identity
-      tt = o.kappa * kc * (vtc[:, None] / jnp.maximum(ktv, 1e-30)[None, :]) + (1 - o.kappa) * identity
+      tv = o.kappa * kc * (vv[None, :] * inv_kv(kvc)[:, None]) + (1 - o.kappa) * identity
+      tt = o.kappa * kc * (vtc[:, None] * inv_ktv[None, :]) + (1 - o.kappa) * identity
       return tv, tt
 
     # Column sums of the text-side targets (their rows), for normalisation and the log-sum-exp terms.
@@ -241,7 +250,7 @@ def transport_kl(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, op
       tv, tt = targets(k32(kc), rc, fc, ec, kvc, vtc)
       tt = tt / norm_t[None, :]
       tv, tt = jax.lax.stop_gradient(tv), jax.lax.stop_gradient(tt)
-      z = scale * jnp.concatenate([vc @ t_all.T, dc[:, None]], axis=1)
+      z = jnp.concatenate([vc @ ts_all.T, scale * dc[:, None]], axis=1)
       row_lse = jax.nn.logsumexp(z, axis=1)
       xlogx = lambda x: jnp.sum(jnp.where(x > 0, x * jnp.log(jnp.where(x > 0, x, 1.0)), 0.0))
       terms = jnp.stack([xlogx(tv) - jnp.sum(tv * z) + jnp.sum(jnp.sum(tv, axis=1) * row_lse),
@@ -250,6 +259,7 @@ def transport_kl(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask, op
       m, s = _merge_lse((m, s), bm, jnp.sum(jnp.exp(z - bm), axis=0))
       return (m, s, acc + terms), None
 
+    ts_all = scale * t_all   # scaled before the matmul (see _logit_pass)
     init = (jnp.full((n + 1,), -jnp.inf, jnp.float32), jnp.zeros((n + 1,), jnp.float32), jnp.zeros((2,), jnp.float32))
     (m, s, acc), _ = jax.lax.scan(jax.checkpoint(loss_body), init, (xs, chunked(v_loc), chunked(d_loc)))
     col_lse = _column_lse(axes, m, s)

@@ -10,13 +10,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ncjax.numerics import f32
+from ncjax.numerics import f32, scaled_dot
 
 
 
 def cosine_logits(image_emb, text_emb, logit_scale):
   """exp(logit_scale) * image_emb @ text_emb.T in float32 (embeddings already normalised)."""
-  return jnp.exp(f32(logit_scale)) * (f32(image_emb) @ f32(text_emb).T)
+  return scaled_dot(image_emb, text_emb, logit_scale)
+
+
+def _pair_similarities(image_emb, text_emb):
+  """(diagonal of V T^T, mean of its off-diagonal entries) from row dots and column sums: no second N x N matmul."""
+  pos = jnp.sum(image_emb * text_emb, axis=1)
+  n = pos.shape[0]
+  off_sum = jnp.dot(jnp.sum(image_emb, axis=0), jnp.sum(text_emb, axis=0)) - jnp.sum(pos)
+  return pos, off_sum / max(n * (n - 1), 1)
 
 
 def infonce_from_logits(logits, weights=None):
@@ -61,14 +69,9 @@ def infonce(image_emb, text_emb, logit_scale, weights=None):
   image_emb, text_emb = f32(image_emb), f32(text_emb)
   if image_emb.shape != text_emb.shape or image_emb.ndim != 2:
     raise ValueError(f"image and text embeddings must both be (N, D); got {image_emb.shape} and {text_emb.shape}")
-  sim = image_emb @ text_emb.T
-  loss, metrics = infonce_from_logits(jnp.exp(f32(logit_scale)) * sim, weights)
-  n = sim.shape[0]
-  off_diag = ~jnp.eye(n, dtype=bool)
-  metrics.update(
-      pos_similarity=jnp.mean(jnp.diagonal(sim)),
-      neg_similarity=jnp.sum(jnp.where(off_diag, sim, 0.0)) / jnp.maximum(n * (n - 1), 1),
-      logit_scale=jnp.exp(f32(logit_scale)))
+  loss, metrics = infonce_from_logits(scaled_dot(image_emb, text_emb, logit_scale), weights)
+  pos, neg = _pair_similarities(image_emb, text_emb)
+  metrics.update(pos_similarity=jnp.mean(pos), neg_similarity=neg, logit_scale=jnp.exp(f32(logit_scale)))
   return loss, metrics
 
 
@@ -92,10 +95,9 @@ def sigmoid(image_emb, text_emb, logit_scale, bias):
   image_emb, text_emb = f32(image_emb), f32(text_emb)
   if image_emb.shape != text_emb.shape or image_emb.ndim != 2:
     raise ValueError(f"image and text embeddings must both be (N, D); got {image_emb.shape} and {text_emb.shape}")
-  sim = image_emb @ text_emb.T
-  logits = jnp.exp(f32(logit_scale)) * sim + f32(bias)
+  logits = scaled_dot(image_emb, text_emb, logit_scale) + f32(bias)
   loss, metrics = sigmoid_from_logits(logits)
-  idx = jnp.arange(sim.shape[0])
-  metrics.update(pos_similarity=jnp.mean(jnp.diagonal(sim)), logit_scale=jnp.exp(f32(logit_scale)),
+  idx = jnp.arange(logits.shape[0])
+  metrics.update(pos_similarity=jnp.mean(jnp.sum(image_emb * text_emb, axis=1)), logit_scale=jnp.exp(f32(logit_scale)),
                  logit_bias=f32(bias), acc_i2t=jnp.mean(jnp.argmax(logits, axis=1) == idx))
   return loss, metrics

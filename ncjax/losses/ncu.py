@@ -31,6 +31,7 @@ import numpy as np
 
 from ncjax.losses import chunked
 from ncjax.losses.common import LossOutput, f32
+from ncjax.numerics import scaled_dot
 from ncjax.ot.masked import KernelSinkhorn, solver_from_name
 from ncjax.sharding import shard_rows
 
@@ -118,7 +119,7 @@ def clean_confidence(image_emb, text_emb, logit_scale, score: str = "row", chunk
   if chunk:
     row, col = chunked.softmax_diagonals(image_emb, text_emb, logit_scale, chunk=chunk)
   else:
-    logits = jnp.exp(f32(logit_scale)) * (f32(image_emb) @ f32(text_emb).T)
+    logits = scaled_dot(image_emb, text_emb, logit_scale)
     row = jnp.diagonal(jax.nn.softmax(logits, axis=1))
     col = jnp.diagonal(jax.nn.softmax(logits, axis=0)) if score == "mean" else None
   return row if score == "row" else 0.5 * (row + col)
@@ -174,14 +175,13 @@ def prompt(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask,
   keep = (~jnp.asarray(forget_mask, bool)).astype(jnp.float32)
   pair = keep[:, None] * keep[None, :]
   n_keep = jnp.maximum(jnp.sum(keep), 1.0)
-  s = jnp.exp(f32(logit_scale))
   n = v.shape[0]
   m = 2.0 * jnp.eye(n, dtype=jnp.float32) - 1.0
   terms = {}
   if o.use_itm:
-    terms["loss_yes"] = -jnp.sum(pair * jax.nn.log_sigmoid(m * s * (v @ t.T))) / n_keep
+    terms["loss_yes"] = -jnp.sum(pair * jax.nn.log_sigmoid(m * scaled_dot(v, t, logit_scale))) / n_keep
   if o.use_neg_itm:
-    terms["loss_no"] = -jnp.sum(pair * jax.nn.log_sigmoid(-m * s * (v @ tn.T))) / n_keep
+    terms["loss_no"] = -jnp.sum(pair * jax.nn.log_sigmoid(-m * scaled_dot(v, tn, logit_scale))) / n_keep
   if o.use_rel:
     terms["loss_rel"] = o.lambda_rel * relation_sum(t, tn, keep, o.rel) / n_keep
   if o.use_sep:
@@ -296,8 +296,10 @@ def unlearning(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask,
                                                           forget_mask, o, chunk=o.chunk_rows)
   else:
     n = forget_mask.shape[0]
-    s_ext = shard_rows(extended_similarity(image_emb, text_emb, neg_text_emb))
-    cost = 1.0 - jax.lax.stop_gradient(s_ext)
+    # Logits with the scale folded into the text side (ncjax.numerics.scaled_dot); the cost unscales them.
+    scale = jnp.exp(f32(logit_scale))
+    logits = shard_rows(extended_similarity(image_emb, scale * f32(text_emb), scale * f32(neg_text_emb)))
+    cost = 1.0 - jax.lax.stop_gradient(logits) / jax.lax.stop_gradient(scale)
     cost = cost / jnp.max(cost)
     mask = transport_mask(forget_mask)
     eye = identity_targets(forget_mask)
@@ -305,7 +307,6 @@ def unlearning(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask,
     build = _shared_plan_targets if one_solve else _two_solve_targets
     targets_v, targets_t_cols, it_v, it_t, plans = build(o, cost, mask, eye, n)
     targets_v, targets_t_cols = jax.lax.stop_gradient(targets_v), jax.lax.stop_gradient(targets_t_cols)
-    logits = jnp.exp(f32(logit_scale)) * s_ext
     loss_img, loss_txt = _kl_terms(targets_v, targets_t_cols, logits, n)
     if return_plans:
       p = plans()

@@ -119,9 +119,22 @@ class SinkhornOutput:
 SOLVERS: Registry = Registry("Sinkhorn solver")
 
 
+class _ValidatedOptions:
+  """Checks a solver's options when it is built, so a bad config fails at assembly with the option named."""
+
+  def __post_init__(self):
+    name = type(self).__name__
+    if self.epsilon is None or not float(self.epsilon) > 0:
+      raise ValueError(f"{name} needs an explicit epsilon > 0 (loss.epsilon), got {self.epsilon!r}")
+    if int(self.max_iterations) < 1:
+      raise ValueError(f"{name} needs max_iterations >= 1 (loss.max_iterations), got {self.max_iterations!r}")
+    if not self.threshold >= 0:
+      raise ValueError(f"{name} needs threshold >= 0 (loss.threshold), got {self.threshold!r}")
+
+
 @SOLVERS.register("ott")
 @dataclasses.dataclass(frozen=True)
-class OttSinkhorn:
+class OttSinkhorn(_ValidatedOptions):
   """ott-jax's log-domain Sinkhorn on the masked cost.
 
   `threshold` is NCU's public stopping rule, sum_i |u_i - u_i'| < threshold. Since u changes by
@@ -142,7 +155,7 @@ class OttSinkhorn:
 
 @SOLVERS.register("reference")
 @dataclasses.dataclass(frozen=True)
-class ReferenceSinkhorn:
+class ReferenceSinkhorn(_ValidatedOptions):
   """NCU's public log-domain loop (`reference_sinkhorn`), with its own stopping rule."""
   epsilon: float = 0.03
   max_iterations: int = 100
@@ -164,7 +177,7 @@ def solver_from_name(name: str, *, epsilon: float, max_iterations: int, threshol
 
 @SOLVERS.register("kernel")
 @dataclasses.dataclass(frozen=True)
-class KernelSinkhorn:
+class KernelSinkhorn(_ValidatedOptions):
   """NCU's Sinkhorn iterations in scaling (kernel) form: the same iterates as the public log-domain loop, at the
   cost of two mat-vecs per iteration instead of two N^2 log-sum-exps.
 

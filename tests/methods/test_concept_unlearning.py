@@ -53,7 +53,7 @@ def test_each_method_works_in_the_lorentz_geometry_or_refuses_it(name, tmp_path)
 @pytest.fixture(scope="module")
 def start_models(tmp_path_factory):
   root = tmp_path_factory.mktemp("start")
-  clip = train.train(tiny_clip_config(arg="noise=0.0,batch=64,epochs=1", total_steps=4), str(root / "clip"))
+  train.train(tiny_clip_config(arg="noise=0.0,batch=64,epochs=1", total_steps=4), str(root / "clip"))
   meru = train.train(make_config("meru", "batch=64,epochs=1", total_steps=4), str(root / "meru"))
   return str(root / "clip"), str(root / "meru"), meru
 

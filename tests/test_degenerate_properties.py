@@ -1,0 +1,226 @@
+"""Degenerate batches, property-tested: every public loss and sampler gives finite values and gradients on empty
+and full forget sets, identical captions, duplicated images, zero or tiny vectors, huge logit scales (e^50 for dot-product logits, e^20 for given logits, e^9.2 = 100x MERU's cap for distance logits), all-masked
+rows and batches of one — or a clear error where the input is truly invalid.
+
+Shapes are fixed per property (N = 8, D = 4, and N = 1) so each function compiles once; hypothesis varies the
+values and the degeneracies."""
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from ncjax.losses import ac, bayes, chunked, contrastive, gsc, ncu
+from ncjax.models import lorentz
+from ncjax.ot import KernelSinkhorn, OttSinkhorn, ReferenceSinkhorn
+from ncjax.samplers import gamma, gmm
+
+N, D = 8, 4
+SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+KINDS = ("random", "identical", "zero", "tiny", "duplicated_images", "one_hot")
+
+
+def _rows(kind, rng, n=N, d=D):
+  x = rng.standard_normal((n, d))
+  if kind == "identical":
+    x[:] = x[:1]
+  elif kind == "zero":
+    x[:] = 0.0
+  elif kind == "tiny":
+    x *= 1e-30
+  elif kind == "duplicated_images":
+    x[n // 2:] = x[: n - n // 2]
+  elif kind == "one_hot":
+    x = np.eye(d)[rng.integers(0, d, n)]
+  norms = np.linalg.norm(x, axis=1, keepdims=True)
+  return np.where(norms > 0, x / np.where(norms > 0, norms, 1), 0).astype(np.float32)
+
+
+batch = st.tuples(st.sampled_from(KINDS), st.sampled_from(KINDS), st.integers(0, 2 ** 31 - 1),
+                  st.sampled_from([0.0, 2.66, 4.6, 20.0]))   # 20: a multiplier of 5e8, far past CLIP's cap of 100
+forget_sets = st.sampled_from(["empty", "full", "half", "one"])
+
+
+def _forget(kind, n=N):
+  return {"empty": np.zeros(n, bool), "full": np.ones(n, bool), "half": np.arange(n) % 2 == 0,
+          "one": np.arange(n) == 0}[kind]
+
+
+def _finite(value, grads):
+  assert np.isfinite(np.asarray(value)).all(), value
+  for g in jax.tree.leaves(grads):
+    assert np.isfinite(np.asarray(g)).all()
+
+
+def _check(value_and_grads, *args):
+  value, grads = value_and_grads(*args)
+  _finite(value, grads)
+
+
+def _value_and_grad(fn, n_diff):
+  """jit(value_and_grad) over the first n_diff arguments: compiled once per property, whatever hypothesis draws
+  (the scale and masks are traced arguments, not constants)."""
+  return jax.jit(jax.value_and_grad(fn, argnums=tuple(range(n_diff))))
+
+
+def _contrastive(v, t, s):
+  return (contrastive.infonce(v, t, s)[0] + contrastive.sigmoid(v, t, s, -10.0)[0]
+          + chunked.infonce(v, t, s, chunk=4)[0])
+
+
+_contrastive_vg = _value_and_grad(_contrastive, 2)
+
+
+@SETTINGS
+@given(batch)
+def test_contrastive_losses(b):
+  kv, kt, seed, scale = b
+  rng = np.random.default_rng(seed)
+  v, t = _rows(kv, rng), _rows(kt, rng)
+  # Dot-product logits fold the scale into an operand (ncjax.numerics.scaled_dot): finite even at e^50.
+  for s in (scale, 50.0):
+    _check(_contrastive_vg, v, t, jnp.float32(s))
+
+
+def _ncu_all(v, t, tn, s, forget):
+  l1 = ncu.unlearning(v, t, tn, s, forget).loss
+  l2 = ncu.unlearning(v, t, tn, s, forget, ncu.UnlearningOptions(chunk_rows=4)).loss
+  l3 = ncu.prompt(v, t, tn, s, forget).loss
+  return l1 + l2 + l3
+
+
+_ncu_vg = _value_and_grad(_ncu_all, 3)
+_select = jax.jit(lambda v, t, s: ncu.select_forget(v, t, s, 0.25))
+
+
+@SETTINGS
+@given(batch, st.sampled_from(KINDS), forget_sets)
+def test_ncu_selection_prompt_and_unlearning(b, kn, fk):
+  kv, kt, seed, scale = b
+  rng = np.random.default_rng(seed)
+  v, t, tn = _rows(kv, rng), _rows(kt, rng), _rows(kn, rng)
+  mask, conf = _select(v, t, jnp.float32(scale))
+  assert int(np.sum(mask)) == 2 and np.isfinite(np.asarray(conf)).all()
+  _check(_ncu_vg, v, t, tn, jnp.float32(scale), jnp.asarray(_forget(fk)))
+
+
+_SOLVERS = [jax.jit(lambda c, m, solver=solver: solver(c, m).plan)
+            for solver in (KernelSinkhorn(), ReferenceSinkhorn(), OttSinkhorn())]
+
+
+@SETTINGS
+@given(st.integers(0, 2 ** 31 - 1), st.sampled_from(["sparse", "one_per_row", "empty_column", "dense"]))
+def test_sinkhorn_solvers_on_masks(seed, layout):
+  rng = np.random.default_rng(seed)
+  cost = rng.uniform(size=(N, N + 1)).astype(np.float32)
+  mask = np.ones((N, N + 1), bool)
+  if layout == "sparse":
+    mask = rng.uniform(size=mask.shape) > 0.7
+    mask[np.arange(N), rng.integers(0, N + 1, N)] = True
+  elif layout == "one_per_row":
+    mask = np.zeros_like(mask)
+    mask[np.arange(N), rng.permutation(N + 1)[:N]] = True
+  elif layout == "empty_column":
+    mask[:, N] = False
+  for solve in _SOLVERS:
+    plan = np.asarray(solve(cost, mask))
+    assert np.isfinite(plan).all() and (plan[~mask] == 0).all() and (plan >= 0).all()
+
+
+_gsc_vg = _value_and_grad(lambda s, a, b, y: gsc.batch_loss(s, a, b, y)[0], 3)
+_update_labels = jax.jit(gsc.update_labels)
+
+
+@SETTINGS
+@given(batch, st.sampled_from(["ones", "zeros", "mixed"]))
+def test_gsc_loss_and_label_update(b, labels):
+  kv, kt, seed, _ = b
+  rng = np.random.default_rng(seed)
+  v, t = _rows(kv, rng), _rows(kt, rng)
+  y = {"ones": np.ones(N), "zeros": np.zeros(N), "mixed": rng.uniform(size=N)}[labels].astype(np.float32)
+  _check(_gsc_vg, v @ t.T, v @ v.T, t @ t.T, y)
+  topo = rng.choice([0.5, rng.uniform()], size=64).astype(np.float32)   # constant or spread scores
+  state = {k: jnp.ones((64,), jnp.float32) for k in ("pred", "pred_target", "topo_target", "y", "clean_prob")}
+  out = _update_labels(dict(state, topo=jnp.asarray(topo)), jnp.arange(64) < 60)
+  assert all(np.isfinite(np.asarray(x)).all() for x in out.values())
+  p = gmm.fit(jnp.zeros(32))                                            # every score equal
+  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(p))
+
+
+@jax.jit
+def _bayes(key, logits, b_pos, b_neg):
+  lu, lwp, lwn = gamma.gibbs_log(key, jnp.diagonal(logits), logits, b_pos=b_pos, b_neg=b_neg,
+                                 neg_mask=~jnp.eye(N, dtype=bool))
+  value, grad = jax.value_and_grad(lambda z: bayes.weighted_infonce(z, lwp, lwn, lwp, lwn)[0])(logits)
+  return lu, lwp, value, grad
+
+
+@SETTINGS
+@given(batch, st.sampled_from(["unit_prior", "paper"]))
+def test_bayes_sampler_and_weighted_loss(b, weights):
+  kv, kt, seed, scale = b
+  rng = np.random.default_rng(seed)
+  logits = np.exp(scale) * (_rows(kv, rng) @ _rows(kt, rng).T)
+  b_pos, b_neg = (6.0, 10.0) if weights == "unit_prior" else (0.0, 0.0)
+  lu, lwp, value, grad = _bayes(jax.random.PRNGKey(seed % 1000), jnp.asarray(logits, jnp.float32),
+                                jnp.float32(b_pos), jnp.float32(b_neg))
+  assert np.isfinite(np.asarray(lu)).all() and np.isfinite(np.asarray(lwp)).all()
+  _finite(value, grad)
+
+
+_ac_vg = _value_and_grad(lambda xr, tr, xf, tf, s: ac.ac_loss(xr, tr, xf, tf, s)[0], 4)
+_hac_vg = _value_and_grad(lambda xr, tr, xf, tf, s: ac.hac_loss(xr, tr, xf, tf, s, 1.0, lam=0.5)[0], 4)
+_exp_map0 = jax.jit(lambda x: lorentz.exp_map0(3.0 * x, 1.0))
+
+
+@SETTINGS
+@given(batch, st.sampled_from(KINDS))
+def test_alignment_calibration(b, kf):
+  kv, kt, seed, scale = b
+  rng = np.random.default_rng(seed)
+  xr, tr, xf, tf = _rows(kv, rng), _rows(kt, rng), _rows(kf, rng), _rows(kf, rng)
+  _check(_ac_vg, xr, tr, xf, tf, jnp.float32(scale))
+  hyp = [_exp_map0(x) for x in (xr, tr, xf, tf)]
+  # Distance logits -s * d_L cannot fold the scale into a matmul operand (ncjax.numerics.scaled_dot): past ~e^15
+  # a fused multiply-add's unrounded product moves the log-sum-exp shift beyond exp's range. MERU caps s at 100.
+  _check(_hac_vg, *hyp, jnp.float32(min(scale, 9.2)))
+
+
+def test_a_batch_of_one():
+  v = _rows("random", np.random.default_rng(0), n=1)
+  _check(_value_and_grad(lambda v, t: contrastive.infonce(v, t, 2.0)[0], 2), v, v)
+  forget, _ = ncu.select_forget(v, v, 2.0, 0.5)   # floor(0.5 * 1) = 0: nothing to forget
+  assert not np.asarray(forget).any()
+  _check(_value_and_grad(lambda v: ncu.unlearning(v, v, -v, 2.0, forget).loss
+                         + ncu.prompt(v, v, -v, 2.0, forget).loss, 1), v)
+
+
+def test_a_batch_of_one_per_device_sharded_equals_unsharded(devices):
+  """Global batch 8 on 8 devices (one example each): the losses see the whole batch, same values as unsharded."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+  rng = np.random.default_rng(1)
+  v, t, tn = _rows("random", rng), _rows("duplicated_images", rng), _rows("identical", rng)
+  shard = lambda x: jax.device_put(x, NamedSharding(mesh, P("data")))
+  forget = jnp.asarray(_forget("half"))
+  for fn, args in ((_contrastive_vg, (v, t, jnp.float32(4.6))),
+                   (_ncu_vg, (v, t, tn, jnp.float32(4.6), forget))):
+    value, grads = fn(*args)
+    value_sh, grads_sh = fn(*[shard(a) if a.ndim else a for a in map(jnp.asarray, args)])
+    _finite(value_sh, grads_sh)
+    np.testing.assert_allclose(value_sh, value, rtol=1e-5)
+    for g, g_sh in zip(grads, grads_sh):
+      np.testing.assert_allclose(g_sh, g, rtol=1e-4, atol=1e-6)
+
+
+def test_truly_invalid_inputs_are_clear_errors():
+  with pytest.raises(ValueError, match="square logit matrix"):
+    contrastive.infonce_from_logits(np.zeros((2, 3)))
+  with pytest.raises(ValueError, match="N retain and N forget pairs"):
+    ac.ac_loss(np.zeros((2, 4)), np.zeros((2, 4)), np.zeros((3, 4)), np.zeros((3, 4)), 1.0)
+  with pytest.raises(ValueError, match="mask shape"):
+    KernelSinkhorn()(np.zeros((2, 3)), np.ones((3, 2), bool))
+  with pytest.raises(ValueError, match="explicit epsilon"):
+    OttSinkhorn(epsilon=0.0)(np.zeros((2, 2)), np.ones((2, 2), bool))
+
