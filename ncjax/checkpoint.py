@@ -6,8 +6,11 @@ leaves the previous checkpoint intact and `latest_step` only ever sees finished 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import re
+import shutil
 import subprocess
 
 import jax
@@ -24,6 +27,46 @@ def git_hash() -> str:
                           timeout=5).stdout.strip() or "unknown"
   except (OSError, subprocess.SubprocessError):
     return "unknown"
+
+
+class CheckpointWriteError(OSError):
+  """A checkpoint could not be written (disk full, read-only or vanished workdir). The checkpoints written before
+  it are intact: orbax finalises a step by renaming its temporary directory, which a failed save never reaches."""
+
+
+def ensure_writable(workdir: str, needed_bytes: int = 0):
+  """Fail before training if `workdir` cannot take files, or has less free space than one checkpoint needs."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, f".ncjax-write-probe-{os.getpid()}")
+    with open(probe, "wb") as f:
+      f.write(b"0")
+    os.remove(probe)
+  except OSError as e:
+    raise CheckpointWriteError(e.errno, f"workdir {workdir} is not writable ({e.strerror}); checkpoints, "
+                               f"metrics.jsonl and evaluation results go there: choose another --workdir or fix "
+                               f"its permissions") from None
+  free = shutil.disk_usage(workdir).free
+  if needed_bytes and free < needed_bytes:
+    raise CheckpointWriteError(errno.ENOSPC, f"workdir {workdir} has {free / 2**20:.1f} MiB free, but one "
+                               f"checkpoint of this run (parameters, optimiser and per-sample state) takes "
+                               f"{needed_bytes / 2**20:.1f} MiB: free some space or choose another --workdir")
+
+
+# Orbax's array writes go through tensorstore, whose I/O failures arrive as ValueError / RuntimeError with the
+# OS error code in the message ("Failed to write ... [os_error_code='28']"), not as OSError.
+_WRITE_FAILURE = re.compile(r"Failed to write|Failed writing|Error writing|os_error_code|No space left|Read-only file")
+
+
+def _is_write_failure(e: Exception) -> bool:
+  return isinstance(e, OSError) or (isinstance(e, (ValueError, RuntimeError)) and bool(_WRITE_FAILURE.search(str(e))))
+
+
+def _errno_of(e: Exception) -> int | None:
+  if isinstance(e, OSError) and e.errno:
+    return e.errno
+  m = re.search(r"os_error_code='?(\d+)", str(e))
+  return int(m.group(1)) if m else None
 
 
 class Checkpointer:
@@ -43,9 +86,24 @@ class Checkpointer:
     return list(self.manager.all_steps())
 
   def save(self, step: int, state, meta: dict, data_state: dict, *, force: bool = False) -> bool:
-    return self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta), data=ocp.args.JsonSave(data_state)),
-        force=force)
+    try:
+      return self.manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta), data=ocp.args.JsonSave(data_state)),
+          force=force)
+    except Exception as e:  # this save, or an earlier asynchronous one surfacing here
+      if not _is_write_failure(e):
+        raise
+      raise self._write_error(e, f"saving the checkpoint of step {step} (or the asynchronous save before it)") \
+          from e
+
+  def _write_error(self, e: Exception, what: str) -> CheckpointWriteError:
+    finished = self.manager.all_steps(read=True) if os.path.isdir(self.directory) else []
+    kept = (f"the last complete checkpoint (step {max(finished)}) is intact and a re-run resumes from it"
+            if finished else "no complete checkpoint exists yet")
+    code = _errno_of(e)
+    reason = os.strerror(code) if code else str(e).splitlines()[0][:300]
+    return CheckpointWriteError(code or errno.EIO, f"{what} to {self.directory} failed: {reason} (disk full, "
+                                f"quota or file-size limit, or a read-only filesystem?); {kept}")
 
   def read_meta(self, step: int) -> dict:
     out = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(),
@@ -58,11 +116,39 @@ class Checkpointer:
     return out["state"]
 
   def wait(self):
-    self.manager.wait_until_finished()
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:
+      if not _is_write_failure(e):
+        raise
+      raise self._write_error(e, "an asynchronous checkpoint save") from e
 
   def close(self):
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def check_state_shapes(ckpt: Checkpointer, step: int, abstract_state):
+  """Compare a checkpoint's stored shapes with the state this config builds, naming the first leaves that
+  differ (a checkpoint of another model size, tokenizer or dataset), before orbax's restore fails opaquely."""
+  stored = ckpt.manager.item_metadata(step)["state"]
+  is_leaf = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")
+  # Orbax stores named tuples (optax states) as dicts: compare paths by their names only.
+  name = lambda path: "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
+  stored_shapes = {name(p): tuple(m.shape)
+                   for p, m in jax.tree_util.tree_flatten_with_path(stored, is_leaf=is_leaf)[0]}
+  wanted = {name(p): tuple(a.shape) for p, a in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
+  missing = sorted(set(wanted) - set(stored_shapes))
+  extra = sorted(set(stored_shapes) - set(wanted))
+  differ = [f"{k}: checkpoint {stored_shapes[k]}, config {wanted[k]}"
+            for k in sorted(set(wanted) & set(stored_shapes)) if stored_shapes[k] != wanted[k]]
+  if missing or extra or differ:
+    parts = ([f"shapes differ ({'; '.join(differ[:3])}{' ...' if len(differ) > 3 else ''})"] if differ else []) + \
+            ([f"absent from the checkpoint: {missing[:3]}"] if missing else []) + \
+            ([f"not in this config's state: {extra[:3]}"] if extra else [])
+    raise ValueError(f"checkpoint {ckpt.directory}/{step} was written by another model or method than this config "
+                     f"builds: {'; '.join(parts)}. Resume with the config it was trained with (its "
+                     f"meta/metadata holds it) or use a new --workdir.")
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -100,8 +186,8 @@ def read_source_meta(path: str) -> dict:
   return meta
 
 
-def restore_params(path: str):
-  """(params as host arrays, metadata, step) of the checkpoint `path` points at; the caller places them.
+def restore_state_on_host(path: str):
+  """(whole train state as host arrays, metadata, step) of the checkpoint `path` points at.
 
   Works whatever the device count the run was saved with: the state is restored onto one local device."""
   ckpt, step, meta = _open_step(path)
@@ -111,7 +197,13 @@ def restore_params(path: str):
                         is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
   state = ckpt.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))["state"]
   ckpt.close()
-  return jax.tree.map(np.asarray, state["params"]), meta, step
+  return jax.tree.map(np.asarray, state), meta, step
+
+
+def restore_params(path: str):
+  """(params as host arrays, metadata, step) of the checkpoint `path` points at; the caller places them."""
+  state, meta, step = restore_state_on_host(path)
+  return state["params"], meta, step
 
 
 def overlay_params(params, source: str, abstract_params, param_sh):

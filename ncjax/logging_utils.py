@@ -23,15 +23,49 @@ def _jsonable(v):
   return v
 
 
+def truncate_after(path: str, step: int) -> int:
+  """Make a metrics file read as if the run had stopped cleanly at `step`: rows of later steps (written by
+  a run killed before its next checkpoint, and about to be recomputed) and a torn last line go. Rewritten
+  atomically (temporary file + rename); returns how many rows were dropped."""
+  if not os.path.exists(path):
+    return 0
+  with open(path) as f:
+    lines = f.read().split("\n")
+  kept, dropped = [], 0
+  for line in lines:
+    if not line.strip():
+      continue
+    try:
+      row_step = json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+      dropped += 1  # a line torn by a kill mid-write
+      continue
+    if row_step > step:
+      dropped += 1
+    else:
+      kept.append(line)
+  if dropped:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+      f.write("".join(line + "\n" for line in kept))
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  return dropped
+
+
 class MetricWriter:
   """Append-only JSONL (`metrics.jsonl`) plus optional TensorBoard; silent on processes other than 0."""
 
-  def __init__(self, workdir: str, tensorboard: bool = False, filename: str = "metrics.jsonl"):
+  def __init__(self, workdir: str, tensorboard: bool = False, filename: str = "metrics.jsonl",
+               resume_step: int | None = None):
     self.active = jax.process_index() == 0
     self.path = os.path.join(workdir, filename)
     self.tb = None
     if self.active:
       os.makedirs(workdir, exist_ok=True)
+      if resume_step is not None:
+        truncate_after(self.path, resume_step)
       self.file = open(self.path, "a", buffering=1)
       if tensorboard:
         from tensorboardX import SummaryWriter  # optional dependency path

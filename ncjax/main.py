@@ -281,7 +281,14 @@ def main(argv):
   _init_jax()
   logging.getLogger("ncjax").setLevel(logging.INFO)
   if command == "train":
-    train_command(_CONFIG.value, _WORKDIR.value)
+    from ncjax.checkpoint import CheckpointWriteError
+    try:
+      train_command(_CONFIG.value, _WORKDIR.value)
+    except CheckpointWriteError as e:
+      # One clear line, then exit without interpreter shutdown: orbax's writer threads would otherwise bury it
+      # under their own tracebacks. Nothing is lost: metrics are flushed and finished checkpoints are final.
+      print(f"ncjax: error: {e.strerror}", file=sys.stderr, flush=True)
+      os._exit(2)
 
 
 def run():

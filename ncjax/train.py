@@ -46,15 +46,16 @@ log = logging.getLogger("ncjax")
 class StageSpan:
   index: int
   stage: Stage
-  start: int   # first global step of the stage
-  steps: int   # scheduled length (the lr schedule always spans it, even when total_steps cuts the run short)
+  start: int       # first global step of the stage
+  steps: int       # scheduled length (the lr schedule always spans it, even when total_steps cuts the run short)
+  run_steps: int   # scheduled length of the whole run (run-scope schedules)
 
 
 def stage_spans(stages, steps_per_epoch: int) -> list[StageSpan]:
+  lengths = [int(st.epochs) * steps_per_epoch for st in stages]
   spans, start = [], 0
-  for i, st in enumerate(stages):
-    n = int(st.epochs) * steps_per_epoch
-    spans.append(StageSpan(i, st, start, n))
+  for i, (st, n) in enumerate(zip(stages, lengths)):
+    spans.append(StageSpan(i, st, start, n, sum(lengths)))
     start += n
   return spans
 
@@ -83,8 +84,10 @@ class StageProgram:
     mesh = exp.mesh
     self.rep = shard_lib.replicated(mesh)
     self.txs, self.trainable = {}, {}
+    self.schedule = optim_lib.ScheduleContext(stage_start=span.start, stage_steps=span.steps,
+                                              run_steps=span.run_steps, steps_per_epoch=exp.steps_per_epoch)
     for upd in self.stage.updates:
-      tx, _, trainable = optim_lib.build_optimizer(upd, abstract_params, cfg.optim, span.steps)
+      tx, _, trainable = optim_lib.build_optimizer(upd, abstract_params, cfg.optim, self.schedule)
       self.txs[upd.name], self.trainable[upd.name] = tx, trainable
     opt_abstract = jax.eval_shape(lambda p: {k: tx.init(p) for k, tx in self.txs.items()}, abstract_params)
     opt_sh = shard_lib.like_params_shardings(opt_abstract, abstract_params, param_sh, mesh)
@@ -123,7 +126,7 @@ class StageProgram:
       metrics[prefix + "loss"] = jnp.asarray(loss, jnp.float32)
       metrics[prefix + "grad_norm"] = optax.tree.norm(grads)
       rel = step - self.span.start
-      for label, lr in optim_lib.group_learning_rates(upd, optim_cfg, self.span.steps, rel).items():
+      for label, lr in optim_lib.group_learning_rates(upd, optim_cfg, self.schedule, rel).items():
         metrics[f"{prefix}lr/{label}"] = jnp.asarray(lr, jnp.float32)
     metrics["param_norm"] = optax.tree.norm(params)
     return dict(step=step + 1, params=params, opt_state=new_opt, method_state=mstate), metrics
@@ -136,7 +139,8 @@ class Trainer:
     """`step`: restore that checkpoint instead of the latest (evaluation of a run's history)."""
     config = resolve_config(config)   # a pretrained init_from defines the architecture
     self.config, self.workdir = config, workdir
-    os.makedirs(workdir, exist_ok=True)
+    if step is None:  # training: the workdir takes checkpoints and metrics (checked before any work)
+      ckpt_lib.ensure_writable(workdir)
     self.checkpointer = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=config.ckpt.keep,
                                               async_save=config.ckpt.async_save)
     latest = self.checkpointer.latest_step() if step is None else step
@@ -191,11 +195,30 @@ class Trainer:
       span = self.spans[0]
       return self.init_state(span), span
     meta = self.resume_meta
+    self.check_resumable(meta)
     span = self.spans[meta["stage_index"]]
     prog = self.program(span)
+    ckpt_lib.check_state_shapes(self.checkpointer, meta["step"], prog.abstract_state)
     state = self.checkpointer.restore(meta["step"], prog.abstract_state)
     log.info("resumed from step %d (stage %s)", meta["step"], span.stage.name)
     return state, span
+
+  def check_resumable(self, meta: dict):
+    """Resuming continues the same run: a workdir holding another method's run, other noisy pairs or another
+    dataset is a clear error instead of a silent mix (or an opaque restore failure)."""
+    exp, where = self.exp, f"{self.workdir} (step {meta['step']})"
+    current = dict(method=exp.method.name, noise_sha256=exp.train_data.noise_sha256,
+                   num_examples=exp.train_data.num_examples, steps_per_epoch=exp.steps_per_epoch)
+    what = dict(method="the method", noise_sha256="the noisy pairs (noise.* settings or the data changed)",
+                num_examples="the number of training examples", steps_per_epoch="the steps per epoch "
+                "(input.global_batch_size or the data changed)")
+    for key, value in current.items():
+      if key in meta and meta[key] != value:
+        raise ValueError(f"cannot resume {where}: {what[key]} differs: checkpoint {meta[key]!r}, this config "
+                         f"{value!r}. Use a new --workdir for a different run.")
+    if meta.get("ncjax_version") not in (None, ncjax.__version__):
+      log.warning("resuming a checkpoint written by ncjax %s with ncjax %s", meta["ncjax_version"],
+                  ncjax.__version__)
 
   def switch_stage(self, state, span: StageSpan):
     """Enter a new stage: its optimiser state starts fresh (its own groups and schedules)."""
@@ -225,10 +248,15 @@ class Trainer:
   def run(self, until: int | None = None, evaluate=None):
     """Train to the end (or to step `until`). `evaluate(step, state)` runs periodic evaluators if given."""
     cfg, exp = self.config, self.exp
+    if cfg.ckpt.every_steps or cfg.ckpt.save_at_end:
+      state_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(self.program(self.spans[0]).abstract_state))
+      ckpt_lib.ensure_writable(self.workdir, needed_bytes=state_bytes)
+    else:
+      ckpt_lib.ensure_writable(self.workdir)
     state, span = self.restore_or_init()
     start = int(jax.device_get(state["step"]))
     stop = self.total_steps if until is None else min(until, self.total_steps)
-    writer = MetricWriter(self.workdir, tensorboard=cfg.log.tensorboard)
+    writer = MetricWriter(self.workdir, tensorboard=cfg.log.tensorboard, resume_step=start)
     progress = Progress(stop, start, cfg.input.global_batch_size, enabled=cfg.log.progress,
                         every_steps=cfg.log.every_steps)
     pending = None  # (step, ids, metrics on device): checked one step late so the host never stalls the device
@@ -258,6 +286,12 @@ class Trainer:
                                             jnp.asarray(epoch, jnp.int32))
           state = dict(state, method_state=mstate)
         if cfg.ckpt.every_steps and (step + 1) % cfg.ckpt.every_steps == 0:
+          # Log the pending step before its checkpoint exists: a run killed after the save resumes past it,
+          # and its metrics line would otherwise never be written.
+          last_metrics = self._check_and_log(pending, writer, progress, (t_last, n_last))
+          if pending[0] % cfg.log.every_steps == 0:
+            t_last, n_last = time.perf_counter(), pending[0]
+          pending = None
           self.save(state, step + 1, span)
         if evaluate is not None:
           evaluate(step + 1, state, writer)
@@ -266,8 +300,15 @@ class Trainer:
       saved_periodically = cfg.ckpt.every_steps and stop % cfg.ckpt.every_steps == 0
       if cfg.ckpt.save_at_end and stop > start and not saved_periodically:
         self.save(state, stop, span, force=True)
-    finally:
+    except BaseException:
+      try:  # let the saves in flight finish, without hiding the error that stopped the run
+        self.checkpointer.wait()
+      except ckpt_lib.CheckpointWriteError as e:
+        log.error("%s", e)
+      raise
+    else:
       self.checkpointer.wait()
+    finally:
       progress.close()
       writer.close()
     return TrainResult(state=state, experiment=exp, metrics=last_metrics, trainer=self)

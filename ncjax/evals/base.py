@@ -20,7 +20,7 @@ from ncjax.models import image_size_of
 from ncjax.registry import Registry
 
 EVALUATORS: Registry = Registry("evaluator")
-GENERIC_KEYS = ("type", "every_steps")
+GENERIC_KEYS = ("type", "every_steps", "enabled")
 
 
 def register(name: str):
@@ -118,7 +118,9 @@ def build_evaluator(name: str, cfg, context: EvalContext) -> Evaluator:
 
 
 def build_evaluators(evals_config, context: EvalContext) -> dict[str, Evaluator]:
-  return {name: build_evaluator(name, cfg, context) for name, cfg in evals_config.items()}
+  """Every evaluator of `config.evals` except those switched off with `--config.evals.NAME.enabled=False`."""
+  return {name: build_evaluator(name, cfg, context) for name, cfg in evals_config.items()
+          if cfg.get("enabled", True)}
 
 
 def run_evaluators(evaluators: dict[str, Evaluator], eval_model, state=None) -> dict[str, dict]:

@@ -20,6 +20,7 @@ def _eval(workdir, out, devices):
   return res
 
 
+@pytest.mark.slow  # two eval subprocesses (8 and 1 devices); the fast suite checks 8 == 1 on embeddings below
 def test_eval_all_checkpoints_sharded_equals_single_device(tmp_path):
   cfg = tiny_clip_config(total_steps=4, **{"ckpt.every_steps": 2, "mesh.fsdp": 2})
   with cfg.unlocked():

@@ -1,0 +1,76 @@
+"""Bad inputs at the trainer's edge (README "When something is wrong"): each is a clear error that names the
+problem, raised before work is lost, and nothing already written is damaged."""
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from helpers import ROOT, tiny_clip_config
+from ncjax import checkpoint as ckpt_lib
+from ncjax import train
+
+
+def test_workdir_that_cannot_take_files_fails_before_any_work(tmp_path):
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  with pytest.raises(ckpt_lib.CheckpointWriteError, match=r"workdir .*a_file/run is not writable"):
+    train.Trainer(tiny_clip_config(total_steps=1), str(blocker / "run"))
+
+
+def test_too_little_free_space_for_one_checkpoint_is_refused_up_front(tmp_path, monkeypatch):
+  trainer = train.Trainer(tiny_clip_config(total_steps=1), str(tmp_path))
+  monkeypatch.setattr(ckpt_lib.shutil, "disk_usage", lambda path: type("U", (), dict(free=1024))())
+  with pytest.raises(ckpt_lib.CheckpointWriteError, match=r"has 0.0 MiB free, but one checkpoint of this run .*takes"):
+    trainer.run()
+  assert not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text()
+
+
+def _limit_file_size():
+  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+  resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+
+def test_checkpoint_write_failure_mid_run_keeps_the_last_checkpoint_and_resumes(tmp_path):
+  """The disk fills up during a run (here: a 64 KiB file-size limit on the trainer process, which fails
+  tensorstore's writes as a full disk would): one clear line, exit code 2, the earlier checkpoints intact, and
+  the same command later resumes from the last of them."""
+  args = [sys.executable, "-m", "ncjax.main", "--config=configs/clip.py:noise=0.4,batch=64,epochs=1",
+          f"--workdir={tmp_path}", "--cpu_devices=8", "--config.log.progress=False", "--config.log.every_steps=1",
+          "--config.ckpt.every_steps=1", "--config.evals.zeroshot.enabled=False",
+          "--config.evals.retrieval.enabled=False", "--config.evals.noise_detection.enabled=False"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  out = subprocess.run(args + ["--until_step=2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  out = subprocess.run(args + ["--until_step=4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                       preexec_fn=_limit_file_size)
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert ("ncjax: error: saving the checkpoint of step" in out.stderr and "File too large" in out.stderr
+          and "the last complete checkpoint (step 2) is intact" in out.stderr), out.stderr[-3000:]
+  manager = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+  assert manager.latest_step() == 2
+  manager.close()
+  state, _, step = ckpt_lib.restore_state_on_host(str(tmp_path))
+  assert step == 2 and all(np.isfinite(x).all() for x in __import__("jax").tree.leaves(state["params"]))
+  out = subprocess.run(args + ["--until_step=4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "resumed from step 2" in out.stderr
+  rows = [__import__("json").loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4]
+
+
+def test_resuming_with_other_noisy_pairs_or_another_model_is_refused(tmp_path):
+  train.train(tiny_clip_config(total_steps=1), str(tmp_path))
+  with pytest.raises(ValueError, match=r"cannot resume .*step 1.*: the noisy pairs .* differs: checkpoint '[0-9a-f]+'"):
+    train.Trainer(tiny_clip_config(total_steps=2, **{"noise.seed": 1}), str(tmp_path)).run()
+  with pytest.raises(ValueError, match=r"cannot resume .*: the method differs: checkpoint 'clip', this config 'siglip'"):
+    train.Trainer(tiny_clip_config(total_steps=2, **{"method.name": "siglip"}), str(tmp_path)).run()
+  with pytest.raises(ValueError, match=r"written by another model or method .* shapes differ \(.*: checkpoint \(.*"
+                                       r"\), config \("):
+    train.Trainer(tiny_clip_config(total_steps=2, **{"model.embed_dim": 32}), str(tmp_path)).run()
+  # Nothing was touched: the checkpoint still resumes under its own config.
+  assert int(train.train(tiny_clip_config(total_steps=2), str(tmp_path)).state["step"]) == 2
