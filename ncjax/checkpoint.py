@@ -75,7 +75,9 @@ class Checkpointer:
   def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
     self.directory = os.path.abspath(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep if keep and keep > 0 else None,
-                                           enable_async_checkpointing=async_save, create=True)
+                                           enable_async_checkpointing=async_save, create=True,
+                                           # a run killed mid-save leaves STEP.orbax-checkpoint-tmp: removed here
+                                           cleanup_tmp_directories=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=dict(
         state=ocp.StandardCheckpointHandler(), meta=ocp.JsonCheckpointHandler(), data=ocp.JsonCheckpointHandler()))
 

@@ -27,11 +27,18 @@ absl.logging.set_verbosity(absl.logging.WARNING)
 E2E_DIRS = ("methods", "train", "cli")
 
 
+# The longest tests start first, so that the workers finish together (xdist hands tests out in collection order).
+LONGEST_FIRST = ("test_chaos.py", "test_cli.py", "test_bad_inputs.py", "test_multihost.py", "test_pretrained_runs.py",
+                 "test_concept_unlearning.py", "test_gsc_bayes_methods.py", "test_ncu_method.py")
+
+
 def pytest_collection_modifyitems(config, items):
   for item in items:
     parts = item.path.relative_to(config.rootpath).parts
     if len(parts) > 2 and parts[1] in E2E_DIRS:
       item.add_marker(pytest.mark.e2e)
+  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture

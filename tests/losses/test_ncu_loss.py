@@ -44,7 +44,7 @@ def test_crosscheck_unlearning_loss(solver, tol):
   assert float(m["loss_sep"]) == pytest.approx(0.216589, abs=2e-6)
   assert float(loss) == pytest.approx(2.521233 + 0.216589, abs=tol)
   plan_v, plan_t = np.asarray(m["plan_img"]), np.asarray(m["plan_txt"])
-  np.testing.assert_allclose(plan_v.sum(0), 1 / 9, atol=1e-7)          # column marginals exact
+  np.testing.assert_allclose(plan_v.sum(0), 1 / 9, atol=3e-7)          # column marginals exact (to float32 rounding)
   np.testing.assert_allclose(plan_v.sum(1), 1 / 8, atol=1.5e-4)        # rows within tolerance
   assert np.abs(plan_t - plan_v.T).max() < 1e-4
   np.testing.assert_allclose(np.asarray(m["targets_txt"]).sum(1), [1, 1, 0.7, 1, 1, 0.7, 1, 1, 1.3], atol=1e-5)
