@@ -14,6 +14,7 @@ which the training losses never see); a clean-caption CLIP row is the reference.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -59,7 +60,9 @@ def run_row(name: str, config_name: str, arg: str, init: str | None = None, work
 
 
 def _workdir(name: str) -> str:
-  return os.path.join(RESULTS_DIR, name.replace(" ", "_").replace("%", "pct").replace("(", "").replace(")", ""))
+  # Only [A-Za-z0-9_.-]: the path goes into a config argument ('init=...'), where a comma separates arguments.
+  slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name.replace("%", "pct")).strip("_")
+  return os.path.join(RESULTS_DIR, slug)
 
 
 # (row name, config, config argument, row whose model it starts from)

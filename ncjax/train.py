@@ -263,6 +263,14 @@ class Trainer:
     last_metrics: dict = {}
     t_last, n_last = time.perf_counter(), start
     skipped = 0
+
+    def log_pending(final: bool = False):
+      nonlocal pending, last_metrics, t_last, n_last
+      last_metrics = self._check_and_log(pending, writer, progress, (t_last, n_last), final=final)
+      if pending[0] % cfg.log.every_steps == 0:
+        t_last, n_last = time.perf_counter(), pending[0]
+      pending = None
+
     try:
       batches = exp.train_data.batches(start, stop)
       for step in range(start, stop):
@@ -275,9 +283,7 @@ class Trainer:
         with jax.set_mesh(exp.mesh):  # losses may shard_map over the batch (e.g. per-row samplers)
           state, metrics = prog.step(state, batch)
         if pending is not None:
-          last_metrics = self._check_and_log(pending, writer, progress, (t_last, n_last))
-          if pending[0] % cfg.log.every_steps == 0:
-            t_last, n_last = time.perf_counter(), pending[0]
+          log_pending()
         pending = (step + 1, ids, metrics, skipped)
         if exp.method.has_end_of_epoch and (step + 1) % exp.steps_per_epoch == 0:
           epoch = (step + 1) // exp.steps_per_epoch - 1
@@ -288,15 +294,12 @@ class Trainer:
         if cfg.ckpt.every_steps and (step + 1) % cfg.ckpt.every_steps == 0:
           # Log the pending step before its checkpoint exists: a run killed after the save resumes past it,
           # and its metrics line would otherwise never be written.
-          last_metrics = self._check_and_log(pending, writer, progress, (t_last, n_last))
-          if pending[0] % cfg.log.every_steps == 0:
-            t_last, n_last = time.perf_counter(), pending[0]
-          pending = None
+          log_pending(final=step + 1 == stop)
           self.save(state, step + 1, span)
         if evaluate is not None:
           evaluate(step + 1, state, writer)
       if pending is not None:
-        last_metrics = self._check_and_log(pending, writer, progress, (t_last, n_last), final=True)
+        log_pending(final=True)
       saved_periodically = cfg.ckpt.every_steps and stop % cfg.ckpt.every_steps == 0
       if cfg.ckpt.save_at_end and stop > start and not saved_periodically:
         self.save(state, stop, span, force=True)
