@@ -2,8 +2,6 @@
 problem, raised before work is lost, and nothing already written is damaged."""
 
 import os
-import resource
-import signal
 import subprocess
 import sys
 
@@ -30,9 +28,10 @@ def test_too_little_free_space_for_one_checkpoint_is_refused_up_front(tmp_path, 
   assert not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text()
 
 
-def _limit_file_size():
-  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
-  resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+def _with_file_size_limit(args, kib=64):
+  """The command under a file-size limit (bash's ulimit, no fork of this multithreaded process); SIGXFSZ ignored,
+  so a write past the limit fails with EFBIG as a full disk fails with ENOSPC, instead of killing the process."""
+  return ["bash", "-c", f"trap '' XFSZ; ulimit -f {kib}; exec \"$@\"", "bash", *args]
 
 
 def test_checkpoint_write_failure_mid_run_keeps_the_last_checkpoint_and_resumes(tmp_path):
@@ -46,8 +45,8 @@ def test_checkpoint_write_failure_mid_run_keeps_the_last_checkpoint_and_resumes(
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   out = subprocess.run(args + ["--until_step=2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  out = subprocess.run(args + ["--until_step=4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-                       preexec_fn=_limit_file_size)
+  out = subprocess.run(_with_file_size_limit(args + ["--until_step=4"]), cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600)
   assert out.returncode == 2, out.stderr[-3000:]
   assert ("ncjax: error: saving the checkpoint of step" in out.stderr and "File too large" in out.stderr
           and "the last complete checkpoint (step 2) is intact" in out.stderr), out.stderr[-3000:]
