@@ -112,8 +112,12 @@ class Kill:
 def kill_once(scenario: str, workdir: str, how: str, rng: random.Random, budget_s: float,
               total_steps: int) -> Kill | None:
   """Start the trainer, SIGKILL it as `how` says; None if it finished first (the kill came too late)."""
+  # stderr to a file, never an unread pipe: orbax logs every save, and a full pipe would block the trainer.
+  os.makedirs(workdir, exist_ok=True)
+  log_path = os.path.join(workdir, f"stderr_{int(time.time() * 1000)}.log")
+  stderr = open(log_path, "w")
   proc = subprocess.Popen(command(scenario, workdir), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+                          stderr=stderr, text=True)
   t0 = time.perf_counter()
   start_step = _last_step_logged(workdir)
   target_step = rng.randint(start_step + 1, total_steps - 1) if start_step + 1 < total_steps else total_steps
@@ -127,17 +131,19 @@ def kill_once(scenario: str, workdir: str, how: str, rng: random.Random, budget_
     if how == "after_step" and _last_step_logged(workdir) >= target_step:
       break
     if now - t0 > 3 * budget_s + 120:
-      break  # no save seen in time: kill anyway
+      how = f"{how} (timed out)"  # the moment never came: kill anyway, and say so
+      break
     time.sleep(0.002)
   if proc.poll() is not None:
-    stderr = proc.stderr.read()
+    stderr.close()
     if proc.returncode != 0:
-      raise RuntimeError(f"{scenario} run in {workdir} failed on its own (exit {proc.returncode}):\n"
-                         f"{stderr[-4000:]}")
+      with open(log_path) as f:
+        raise RuntimeError(f"{scenario} run in {workdir} failed on its own (exit {proc.returncode}):\n"
+                           f"{f.read()[-4000:]}")
     return None
   os.kill(proc.pid, signal.SIGKILL)  # the trainer itself: no handler, no cleanup, no final save
   proc.wait()
-  proc.stderr.close()
+  stderr.close()
   return Kill(how=how, after_s=round(time.perf_counter() - t0, 2), step=_last_step_logged(workdir))
 
 
