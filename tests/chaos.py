@@ -91,8 +91,9 @@ def _last_step_logged(workdir: str) -> int:
     return 0
 
 
-def _saving(workdir: str) -> bool:
-  return any(_TMP_MARKER in name for name in _listdir(os.path.join(workdir, "checkpoints")))
+def _saving(workdir: str, stale=frozenset()) -> bool:
+  """A save in progress: a temporary checkpoint directory other than those a killed run left behind."""
+  return any(_TMP_MARKER in name and name not in stale for name in _listdir(os.path.join(workdir, "checkpoints")))
 
 
 def _listdir(path):
@@ -119,6 +120,7 @@ def kill_once(scenario: str, workdir: str, how: str, rng: random.Random, budget_
   proc = subprocess.Popen(command(scenario, workdir), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
                           stderr=stderr, text=True)
   t0 = time.perf_counter()
+  stale = frozenset(n for n in _listdir(os.path.join(workdir, "checkpoints")) if _TMP_MARKER in n)
   start_step = _last_step_logged(workdir)
   target_step = rng.randint(start_step + 1, total_steps - 1) if start_step + 1 < total_steps else total_steps
   deadline = t0 + rng.uniform(0.2, 1.0) * budget_s
@@ -126,7 +128,7 @@ def kill_once(scenario: str, workdir: str, how: str, rng: random.Random, budget_
     now = time.perf_counter()
     if how == "random" and now >= deadline:
       break
-    if how == "mid_save" and _saving(workdir) and _last_step_logged(workdir) >= min(target_step, total_steps - 1):
+    if how == "mid_save" and _saving(workdir, stale) and _last_step_logged(workdir) >= min(target_step, total_steps - 1):
       break
     if how == "after_step" and _last_step_logged(workdir) >= target_step:
       break
