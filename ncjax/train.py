@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import logging
 import math
-import os
 import time
 
 import jax
