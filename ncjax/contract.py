@@ -97,6 +97,8 @@ class EvalModel:
   image_features: Callable[[jax.Array], jax.Array] | None = None  # pre-projection features (linear probe)
   ensemble: Callable[[jax.Array], jax.Array] | None = None        # prompt ensemble (C, T, D) -> (C, D)
   norm: Callable[[jax.Array], jax.Array] | None = None            # an embedding's distance from the origin (MERU)
+  pair_score: Callable[[jax.Array, jax.Array], jax.Array] | None = None  # score of aligned pairs (n,), cheaper
+                                                                  # than a matrix's diagonal (learned similarities)
 
 
 def param_path(path) -> str:

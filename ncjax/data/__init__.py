@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ncjax.data import digits, synthetic
+from ncjax.data import digits, precomp_synthetic, synthetic
 from ncjax.data.types import PairSplit
 from ncjax.registry import Registry
 
@@ -18,6 +18,7 @@ from ncjax.registry import Registry
 DATASETS: Registry = Registry("dataset")
 DATASETS.add("digits", digits.load)
 DATASETS.add("synthetic", synthetic.load)
+DATASETS.add("precomp_synthetic", precomp_synthetic.load)
 
 
 def load_split(input_config, split: str, image_size: int) -> PairSplit:

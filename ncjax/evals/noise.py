@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from scipy.stats import rankdata
 
@@ -81,6 +83,12 @@ def pair_scores(eval_model, train_data, batch_size, mesh) -> np.ndarray:
   txt = common.embed_texts(eval_model, tokens, batch_size, mesh)
   pairs_img = img[train_data.caption_to_image]
   out = np.empty(len(txt), np.float32)
+  if eval_model.pair_score is not None:    # aligned pairs only (a learned similarity's full block is costly)
+    fn = jax.jit(eval_model.pair_score)
+    for s in range(0, len(txt), batch_size):
+      out[s:s + batch_size] = np.asarray(fn(jnp.asarray(pairs_img[s:s + batch_size]),
+                                            jnp.asarray(txt[s:s + batch_size])), np.float32)
+    return out
   for s in range(0, len(txt), 4096):
     block = common.score_matrix(eval_model, pairs_img[s:s + 4096], txt[s:s + 4096])
     out[s:s + 4096] = np.diagonal(block)

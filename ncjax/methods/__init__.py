@@ -1,6 +1,6 @@
 """Methods: step builders composed from ncjax.losses. Importing this package registers the built-in methods."""
 
-from ncjax.methods import ac, bayes, clip, gsc, ncu, siglip  # noqa: F401  (registration)
+from ncjax.methods import ac, bayes, clip, disncl, gsc, ncu, sgraf, siglip  # noqa: F401  (registration)
 from ncjax.methods.base import (DIAGNOSTIC_KEYS, EvalModel, Method, ParamGroup, Stage, Update, group_labels,
                                 param_path)
 from ncjax.methods.registry import METHODS, register

@@ -17,6 +17,7 @@ from ncjax import models
 from ncjax.losses import gsc
 from ncjax.methods.base import EvalModel, Method, ParamGroup, Stage, Update
 from ncjax.methods.registry import register
+from ncjax.methods.sgraf import region_eval_model
 from ncjax.methods.two_tower import stored_clamps
 
 _STATE_KEYS = ("pred", "topo", "pred_target", "topo_target", "y", "clean_prob")
@@ -31,8 +32,8 @@ class GSC(Method):
 
   def create_modules(self):
     tok = self.tokenizer
-    return {name: models.build_two_tower(self.config.model, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
-                                         pad_id=tok.pad_id, seed=self.config.seed + k)
+    return {name: models.build_model(self.config.model, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
+                                     pad_id=tok.pad_id, seed=self.config.seed + k)
             for k, name in enumerate(self.nets)}
 
   def init_state(self, capacity):
@@ -50,7 +51,9 @@ class GSC(Method):
     sim = model.similarity(img, txt)
     if lc.temperature == "model":  # CLIP towers: use the learned logit scale instead of a fixed tau1
       sim = sim * jnp.exp(model.get_logit_scale()) * lc.tau1
-    return gsc.batch_loss(sim, img @ img.T, txt @ txt.T, y, lc.tau1, lc.tau2, lc.gamma)
+    # Two-tower models: cosine structures; SGRAF (configs/gsc.py:backbone=sgraf): sigmoid(SGR) of image-image and
+    # caption-caption pairs through the shared similarity head, as the public code.
+    return gsc.batch_loss(sim, model.image_structure(img), model.text_structure(txt), y, lc.tau1, lc.tau2, lc.gamma)
 
   def net_loss_fn(self, name: str):
     """The loss of network `name`, weighted by its peer's labels under co-teaching (its own otherwise)."""
@@ -103,7 +106,8 @@ class GSC(Method):
           ([ParamGroup(optim.freeze, None, name="frozen")] if optim.freeze else [])
           + [ParamGroup(rf"{name}/.*", optim.lr, optim.weight_decay, name=name), ParamGroup(".*", None)]))
           for name in self.nets)
-    return (Stage("train", self.config.num_epochs, updates, post_update=stored_clamps(self.config, self.nets)),)
+    clamps = None if models.is_region_model(self.config.model) else stored_clamps(self.config, self.nets)
+    return (Stage("train", self.config.num_epochs, updates, post_update=clamps),)
 
   def clean_scores(self, params, state):
     del params
@@ -113,6 +117,16 @@ class GSC(Method):
   def eval_model(self, params):
     mods = self.bind(params)
     nets = [getattr(mods, name) for name in self.nets]
+    if models.is_region_model(self.config.model):
+      if len(nets) == 1:
+        return region_eval_model(nets[0])
+      k = len(nets)
+      halves = lambda x: jnp.split(x, k, axis=-1)  # noqa: E731
+      return EvalModel(   # GSC+ on SGRAF: the two networks' sigmoid similarities averaged, as the public code
+          encode_image=lambda x: jnp.concatenate([n.encode_image(x) for n in nets], axis=-1),
+          encode_text=lambda t: jnp.concatenate([n.encode_text(t) for n in nets], axis=-1),
+          score=lambda a, b: sum(n.similarity(pa, pb) for n, pa, pb in zip(nets, halves(a), halves(b))) / k,
+          pair_score=lambda a, b: sum(n.pair_score(pa, pb) for n, pa, pb in zip(nets, halves(a), halves(b))) / k)
     if len(nets) == 1:
       return super().eval_model(params)
     k = len(nets)

@@ -103,6 +103,35 @@ def build_two_tower(cfg, *, vocab_size: int | None, eot_id: int, pad_id: int = 0
                   logit_bias_init=cfg.get("logit_bias_init", None))
 
 
-__all__ = ["TwoTower", "build_two_tower", "resolve_model_spec", "image_size_of", "context_length_of",
+REGION_IMAGE_TYPE = "regions"
+
+
+def is_region_model(cfg) -> bool:
+  """Whether `config.model` describes a region-feature retrieval model (SGRAF) rather than a two-tower model."""
+  return _get(cfg, "image_type") == REGION_IMAGE_TYPE
+
+
+def region_spec(model_config) -> dict:
+  """The region model's hyper-parameters from `config.model` (its `region` block and the named size)."""
+  spec = resolve_model_spec(model_config, vocab_size=1)
+  region = model_config.region
+  return dict(feature_dim=int(region.feature_dim), embed_dim=int(spec["embed_dim"]), word_dim=int(region.word_dim),
+              sim_dim=int(region.sim_dim), head=region.head, steps=int(region.steps), smooth=float(region.smooth),
+              word_dropout=float(region.word_dropout), pairs_per_step=int(region.pairs_per_step))
+
+
+def build_model(cfg, *, vocab_size: int, eot_id: int, pad_id: int = 0, seed: int = 0) -> nnx.Module:
+  """The model `config.model` asks for: a TwoTower, or (image_type 'regions', text_type 'bigru') SGRAF's region
+  retrieval model (ncjax.models.sgraf). Both expose encode_image / encode_text / similarity / score / pair_score /
+  image_structure / text_structure."""
+  if is_region_model(cfg):
+    if _get(cfg, "text_type") != "bigru":
+      raise ValueError(f"model.image_type='regions' pairs with model.text_type='bigru', not {cfg.text_type!r}")
+    from ncjax.models.sgraf import build_region_model
+    return build_region_model(region_spec(cfg), vocab_size=vocab_size, pad_id=pad_id, seed=seed)
+  return build_two_tower(cfg, vocab_size=vocab_size, eot_id=eot_id, pad_id=pad_id, seed=seed)
+
+
+__all__ = ["TwoTower", "build_two_tower", "build_model", "is_region_model", "region_spec", "resolve_model_spec", "image_size_of", "context_length_of",
            "tokenizer_kind_of", "CLIP_VOCAB_SIZE", "register_image_tower", "register_text_tower",
            "SIZES", "DTYPES", "l2_normalize"]

@@ -16,10 +16,14 @@ SIZES: dict[str, dict] = {
                   text=dict(width=128, depth=4, heads=4, context_length=32, vocab_size=None)),
     "tiny": dict(embed_dim=64, image=dict(image_size=16, patch_size=4, width=64, depth=2, heads=2),
                  text=dict(width=64, depth=2, heads=2, context_length=16, vocab_size=None)),
+    # Region-feature retrieval (ncjax.models.sgraf; image_type 'regions'): embed_dim is SGRAF's joint space, the
+    # region feature size and the similarity head live in model.region. image_size is unused (features, not pixels).
+    "sgraf": dict(embed_dim=1024, image=dict(image_size=0), text=dict(context_length=48, vocab_size=None)),
+    "sgraf_small": dict(embed_dim=64, image=dict(image_size=0), text=dict(context_length=16, vocab_size=None)),
 }
 
 
-# 'custom': every field comes from the config (model.embed_dim, image_*, text_*), as an imported checkpoint sets them.
+# 'custom'': every field comes from the config (model.embed_dim, image_*, text_*), as an imported checkpoint sets them.
 CUSTOM = "custom"
 
 
