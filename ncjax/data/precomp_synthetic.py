@@ -61,12 +61,15 @@ def load(split: str, image_size: int = 0, *, num_images: int | None = None, **kw
   return PairSplit(images=feats, captions=caps, caption_to_image=c2i, name=f"precomp_synthetic/{split}")
 
 
-def write_ncr_layout(directory: str, sizes: dict[str, int] | None = None, **kwargs) -> str:
-  """Write the synthetic data as NCR's precomp files ({split}_ims.npy, {split}_caps.txt with consecutive captions per
-  image), buildable with `python -m ncjax.data.build --dataset=precomp/f30k_precomp --manual_dir=DIR`."""
+def write_ncr_layout(directory: str, sizes: dict[str, int] | None = None, *, captions_per_image: int = 5,
+                     **kwargs) -> str:
+  """Write the synthetic data as NCR's precomp files ({split}_ims.npy, {split}_caps.txt with five consecutive
+  captions per image, as F30K / COCO), buildable with
+  `python -m ncjax.data.build --dataset=precomp/f30k_precomp --manual_dir=DIR --data_dir=...`."""
   os.makedirs(directory, exist_ok=True)
   for split, n in (sizes or SIZES).items():
-    feats, caps, _ = generate(n, seed=1 + sorted(SIZES).index(split), **kwargs)
+    feats, caps, _ = generate(n, seed=1 + sorted(SIZES).index(split), captions_per_image=captions_per_image,
+                              **kwargs)
     np.save(os.path.join(directory, f"{split}_ims.npy"), feats)
     with open(os.path.join(directory, f"{split}_caps.txt"), "w", encoding="utf-8") as f:
       f.write("\n".join(caps) + "\n")

@@ -1,0 +1,58 @@
+"""SGRAF, GSC on SGRAF and DisNCL train from NCR-layout precomp files and evaluate; DisNCL sharded == unsharded."""
+
+import json
+import os
+
+import numpy as np
+import jax
+import pytest
+
+from helpers import make_config
+from ncjax import main as cli, train
+
+TINY = {"model.region.feature_dim": 64, "model.region.word_dim": 8, "model.region.sim_dim": 8,
+        "model.embed_dim": 16}
+
+
+@pytest.fixture(scope="module")
+def ncr_precomp(tmp_path_factory):
+  """The synthetic region data written in NCR's layout ({split}_ims.npy, {split}_caps.txt, 5 captions per image)
+  and built with the precomp builder, as a user's F30K precomp directory would be."""
+  from ncjax.data import precomp_synthetic, tfds_builders
+  root = tmp_path_factory.mktemp("ncr")
+  precomp_synthetic.write_ncr_layout(str(root / "f30k_precomp"), dict(train=8, dev=4, test=4))
+  assert sorted(os.listdir(root / "f30k_precomp")) == ["dev_caps.txt", "dev_ims.npy", "test_caps.txt",
+                                                       "test_ims.npy", "train_caps.txt", "train_ims.npy"]
+  tfds_builders.build("precomp", "f30k_precomp", str(root / "f30k_precomp"), str(root / "tfds"))
+  return str(root / "tfds")
+
+
+@pytest.mark.parametrize("name,arg,extra", [
+    ("sgraf", "batch=8,epochs=1", {"loss.all_negatives_epochs": 1}),
+    ("gsc", "backbone=sgraf,batch=8,epochs=2,warmup=0", {}),
+    ("disncl", "batch=8,epochs=1,warmup=1", {})])
+def test_region_methods_train_and_evaluate_from_ncr_precomp_files(name, arg, extra, ncr_precomp, tmp_path):
+  cfg = make_config(name, arg + ",data=tfds:precomp/f30k_precomp", **TINY, **extra,
+                    **{"input.data_dir": ncr_precomp})
+  with cfg.unlocked():
+    cfg.evals.retrieval = dict(type="retrieval", split="test", every_steps=0, plot=False)
+    cfg.evals.noise_detection = dict(type="noise_detection", every_steps=0, plot=False)
+  result = train.train(cfg, str(tmp_path))
+  spe = result.experiment.steps_per_epoch
+  assert spe == 40 // 8
+  rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl") if '"train"' in l]
+  assert rows and all(np.isfinite(r["loss"] if "loss" in r else r["main/loss"]) for r in rows)
+  if name == "disncl":   # after the warm-up stage: the discriminator update, then the encoders'
+    assert [s.name for s in result.experiment.method.stages()] == ["warmup", "train"]
+    assert any("adversary/loss" in r and "main/soft_loss" in r for r in rows)
+  out = cli.final_evaluation(cfg, result, str(tmp_path))
+  assert 0.0 <= out["retrieval"]["rsum"] <= 600.0 and out["retrieval"]["i2t_R@10"] == 100.0   # 4 test images
+  assert np.isfinite(out["noise_detection"]["auc"])
+
+
+def test_disncl_steps_on_8_devices_equal_steps_on_1(tmp_path, devices):
+  cfg = make_config("disncl", "batch=64,warmup=0", total_steps=2, **TINY)
+  eight = train.train(cfg, str(tmp_path / "8"))
+  one = train.train(cfg, str(tmp_path / "1"), devices=devices[:1])
+  for x, y in zip(jax.tree.leaves(jax.device_get(eight.params)), jax.tree.leaves(jax.device_get(one.params))):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=5e-5)
