@@ -17,9 +17,10 @@ from ncjax.config_lib import optional
 
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, setting="synthetic", model=optional(str), data=optional(str), noise=0.4,
-                              batch=optional(int), epochs=optional(int), warmup=optional(int), lr=optional(float),
-                              head=optional(str), feature_dim=optional(int), word_dim=optional(int), sim_dim=optional(int),
-                              margin_kind="exponential", subspace=optional(int))
+                              noise_file="", batch=optional(int), epochs=optional(int), warmup=optional(int),
+                              lr=optional(float), head=optional(str), feature_dim=optional(int),
+                              word_dim=optional(int), sim_dim=optional(int), margin_kind="exponential",
+                              subspace=optional(int))
   a = config_lib.with_preset(args, config_lib.REGION_PRESETS, args.setting)
   paper = args.setting == "paper"
   c = config_lib.base_config()
@@ -28,15 +29,18 @@ def get_config(arg=None):
   c.num_epochs = a.epochs or (50 if paper else 8)
   if paper:   # the stage after warm-up: lr x0.1 after 25 of its 50 epochs
     c.optim.schedule, c.optim.decay_every_epochs, c.optim.decay_factor = "step", 25, 0.1
-  if a.noise > 0:
-    c.noise.kind, c.noise.ratio = "caption_shuffle", a.noise
+  config_lib.region_noise(c, a.noise, a.noise_file)
   c.method.warmup_epochs = a.warmup if a.warmup is not None else (5 if paper else 4)
   c.method.subspace_dim = a.subspace or (512 if paper else 64)
   c.method.hidden = 256 if paper else 64
   c.method.gamma, c.method.beta1, c.method.beta2, c.method.beta3 = 0.5, 0.1, 0.1, 0.5
   c.method.filtration = True
+  c.method.critic_pool = "mean"        # how regions / words become the critics' vectors ('mean' | 'max')
   c.loss.margin_kind = a.margin_kind
   c.loss.margin_base = 10.0
   c.loss.temperature = 0.1   # L_soft's and the confidence's tau (L2RM's Soft_InfoNCE uses 0.1)
+  # L_soft: 'bootstrap' (beta3 I + (1 - beta3) sg(softmax(H / tau)) targets) or L2RM's 'soft_infonce' on the labels
+  # beta3 I + (1 - beta3) sg(H).
+  c.loss.soft_target = "bootstrap"
   c.loss.w_dis, c.loss.w_align, c.loss.w_soft = 1.0, 1.0, 1.0
   return config_lib.lock(c)

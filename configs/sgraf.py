@@ -6,7 +6,8 @@ noisy-correspondence retrieval methods (NCR, GSC, DisNCL) on the same backbone.
       --workdir=/runs/sgraf_f30k
 Presets (ncjax.config_lib.REGION_PRESETS): 'synthetic' (default: the embedded precomp_synthetic data, a small
 model) and 'paper' (F30K precomp, 36 x 2048 regions, the SGRAF sizes, 40 epochs, lr x0.1 after 30 as NCR).
-Arguments: setting, data, noise (NCR caption shuffle), batch, epochs, lr, head ('sgr' | 'saf').
+Arguments: setting, data, noise (NCR caption shuffle), noise_file (a shared NCR / DECL noise file: per-caption int64
+image index), batch, epochs, lr, head ('sgr' | 'saf').
 """
 
 from ncjax import config_lib
@@ -15,8 +16,9 @@ from ncjax.config_lib import optional
 
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, setting="synthetic", model=optional(str), data=optional(str), noise=0.4,
-                              batch=optional(int), epochs=optional(int), lr=optional(float), head=optional(str),
-                              feature_dim=optional(int), word_dim=optional(int), sim_dim=optional(int))
+                              noise_file="", batch=optional(int), epochs=optional(int), lr=optional(float),
+                              head=optional(str), feature_dim=optional(int), word_dim=optional(int),
+                              sim_dim=optional(int))
   a = config_lib.with_preset(args, config_lib.REGION_PRESETS, args.setting)
   c = config_lib.base_config()
   c.method.name = "sgraf"
@@ -26,6 +28,5 @@ def get_config(arg=None):
   c.num_epochs = a.epochs or (40 if paper else 9)
   if paper:
     c.optim.schedule, c.optim.decay_every_epochs, c.optim.decay_factor = "step", 30, 0.1
-  if a.noise > 0:
-    c.noise.kind, c.noise.ratio = "caption_shuffle", a.noise
+  config_lib.region_noise(c, a.noise, a.noise_file)
   return config_lib.lock(c)

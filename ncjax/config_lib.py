@@ -206,6 +206,16 @@ REGION_PRESETS = {
 }
 
 
+def region_noise(c, noise: float, noise_file: str = ""):
+  """NCR's caption-shuffle noise at `noise`, or one of the shared noise files (a per-caption int64 image index,
+  `noise_file_by_caption/...` of NCR / DECL / GSC / L2RM) when `noise_file` is given."""
+  if noise_file:
+    c.noise.kind, c.noise.file = "file", noise_file
+  elif noise > 0:
+    c.noise.kind, c.noise.ratio = "caption_shuffle", noise
+  return c
+
+
 def region_model(c, a):
   """The SGRAF backbone and its optimiser (Adam, no weight decay, gradient clipping 2, as NCR / SGRAF), retrieval
   and noise-detection evaluators (no zero-shot: region datasets have no class labels). `a` holds the parsed
@@ -222,8 +232,10 @@ def region_model(c, a):
   c.input.global_batch_size = a.batch
   c.optim.name, c.optim.lr, c.optim.weight_decay, c.optim.grad_clip_norm = "adam", a.lr, 0.0, 2.0
   c.optim.warmup_steps = 0
-  c.evals.retrieval = dict(type="retrieval", dataset="", split="test", every_steps=0, enabled=True,
-                           folds=5 if "coco" in a.data else 0)
+  # COCO: NCR's 5K test images ('testall') with the 1K x 5-fold average as well; F30K / CC152K: the 1K 'test' split.
+  coco = "coco" in a.data
+  c.evals.retrieval = dict(type="retrieval", dataset="", split="testall" if coco else "test", every_steps=0,
+                           enabled=True, folds=5 if coco else 0)
   c.evals.noise_detection = dict(type="noise_detection", every_steps=0, enabled=True)
   return c
 

@@ -12,7 +12,6 @@ Then train with --config.input.dataset=tfds:karpathy/flickr30k --config.input.da
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
 from ncjax.data import readers, tfds_builders
@@ -31,28 +30,16 @@ def main(argv=None) -> int:
   p.add_argument("--caption_column", default=None)
   args = p.parse_args(argv)
   name, _, config = args.dataset.partition("/")
-  if name == "web_pairs" and any(v is not None for v in (args.table, args.separator, args.image_column,
-                                                         args.caption_column)):
-    base = next(c for c in tfds_builders.WEB_CONFIGS if c.name == (config or "custom_table"))
-    overrides = {k: v for k, v in dict(table=args.table, separator=args.separator, image_column=args.image_column,
-                                       caption_column=args.caption_column).items() if v is not None}
-    config_obj = dataclasses.replace(base, **overrides)
-
-    class CustomTablePairs(tfds_builders.WebPairs, skip_registration=True):
-      """web_pairs with this table's columns; the dataset on disk is read back as web_pairs/<config>."""
-      name = "web_pairs"
-      BUILDER_CONFIGS = [config_obj]
-
-    builder = CustomTablePairs(data_dir=args.data_dir, file_format="array_record", config=config_obj.name)
-    from tensorflow_datasets import download
-    builder.download_and_prepare(download_config=download.DownloadConfig(manual_dir=args.manual_dir))
-    tfds_builders.write_index(builder)
-  else:
-    try:
+  columns = dict(table=args.table, separator=args.separator, image_column=args.image_column,
+                 caption_column=args.caption_column)
+  try:
+    if name == "web_pairs" and any(v is not None for v in columns.values()):
+      builder = tfds_builders.build_table(config or None, args.manual_dir, args.data_dir, **columns)
+    else:
       builder = tfds_builders.build(name, config or None, args.manual_dir, args.data_dir)
-    except readers.DataFormatError as e:
-      print(f"error: {e}", file=sys.stderr)
-      return 2
+  except readers.DataFormatError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   for split, info in builder.info.splits.items():
     print(f"{builder.name}/{builder.builder_config.name if builder.builder_config else ''} {split}: "
           f"{info.num_examples} records")

@@ -221,6 +221,28 @@ def build(name: str, config: str | None, manual_dir: str | None, data_dir: str):
   return builder
 
 
+def build_table(config: str | None, manual_dir: str | None, data_dir: str, **columns):
+  """web_pairs from a CSV/TSV table with this table's file name, separator and columns (`columns`: table, separator,
+  image_column, caption_column; None keeps the config's default). The built dataset reads back as
+  web_pairs/<config>. The builder class is made here, not in the caller: tfds locates a builder through its module,
+  which must be an importable package module (a class defined in `python -m ncjax.data.build`'s __main__ is not)."""
+  if not manual_dir or not os.path.isdir(manual_dir):
+    raise readers.DataFormatError(f"manual_dir {manual_dir!r} is not a directory; the web_pairs builder reads the "
+                                  f"table and its images from it")
+  base = next(c for c in WEB_CONFIGS if c.name == (config or "custom_table"))
+  config_obj = dataclasses.replace(base, **{k: v for k, v in columns.items() if v is not None})
+
+  class CustomTablePairs(WebPairs, skip_registration=True):
+    """web_pairs with this table's columns."""
+    name = "web_pairs"
+    BUILDER_CONFIGS = [config_obj]
+
+  builder = CustomTablePairs(data_dir=data_dir, file_format="array_record", config=config_obj.name)
+  builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+  write_index(builder)
+  return builder
+
+
 def write_index(builder) -> str:
   """One read pass (images not decoded) recording, per split, where each id lives and the caption table."""
   arrays, captions = {}, {}

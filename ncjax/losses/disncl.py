@@ -3,21 +3,21 @@
 No public code exists and the paper text stops before L_soft is defined (methods.md §5). What is verified and what is
 reconstructed, piece by piece:
 
-  filtration        eq. (2), D_clean = {i : i = argmax_j H_ij and i = argmax_j H_ji}                       [paper]
-  align_loss        eq. (3), hinge with the hardest in-batch negative both ways, over D_clean, a per-sample
-                    margin alpha_i (VSE++ / SGRAF max violation, summed as their code)                     [paper]
-  margins           the margin alpha_i from a clean confidence y_i in [0, 1]: NCR's linear / exponential / sin,
-                    L2RM's 's_adaptive', BiCro's base-m exponential (m = 10 in the paper's shared settings, which
-                    with base 10 equals NCR's exponential); DisNCL's own formula is garbled in the text    [verified
-                    neighbours; the choice 'exponential' is a reconstruction]
-  confidence        y_i = the mean of row- and column-softmax diagonals of H / tau, stop-gradient          [reconstruction]
-  soft_loss         L_soft: bootstrapped soft targets Y = beta3 I + (1 - beta3) sg(softmax(T / tau)), cross
-                    entropy both ways (Reed et al.'s soft bootstrapping); beta3 = 1 is hard-target symmetric InfoNCE
-                    (the paper's Theorem 3 case)                                                           [reconstruction]
-  soft_infonce      L2RM's Soft_InfoNCE (label matrix clipped at 1e-10, normalised per row / column)       [verified]
-  jsd_mi            the Jensen-Shannon MI lower bound of eq. (5) (Hjelm et al. 2019, DIM): diagonal pairs are the
-                    joint, off-diagonal pairs the product of marginals                                     [standard]
-  gaussian_kl_bound eq. (6): I(V; V_s | T) <= KL(N(mu_v, I) || N(mu_t, I)) = ||mu_v - mu_t||^2 / 2         [paper]
+  filtration         [paper] eq. (2), D_clean = {i : i = argmax_j H_ij and i = argmax_j H_ji}
+  align_loss         [paper] eq. (3), hinge with the hardest in-batch negative both ways, over D_clean, a per-sample
+                     margin alpha_i (VSE++ / SGRAF max violation, summed as their code)
+  soft_margin        [verified neighbours; the default is a reconstruction] alpha_i from a clean confidence y_i:
+                     NCR's linear / exponential / sin, L2RM's 's_adaptive', BiCro's base-m exponential (m = 10 in
+                     the paper's shared settings, which with base 10 is NCR's exponential); DisNCL's own formula is
+                     garbled in the text
+  diagonal_confidence [reconstruction] y_i = mean of the row- and column-softmax diagonals of H / tau, stop-gradient
+  soft_loss          [reconstruction] L_soft: bootstrapped soft targets Y = beta3 I + (1 - beta3) sg(softmax(T / tau)),
+                     cross entropy both ways (Reed et al.'s soft bootstrapping); beta3 = 1 is hard-target symmetric
+                     InfoNCE (the paper's Theorem 3 case)
+  soft_infonce       [verified] L2RM's Soft_InfoNCE (label matrix clipped at 1e-10, normalised per row / column)
+  jsd_mi             [standard] the Jensen-Shannon MI lower bound of eq. (5) (Hjelm et al. 2019, DIM): diagonal
+                     pairs are the joint, off-diagonal pairs the product of marginals
+  gaussian_kl_bound  [paper] eq. (6): I(V; V_s | T) <= KL(N(mu_v, I) || N(mu_t, I)) = ||mu_v - mu_t||^2 / 2
 
 Every function is pure, over the global batch, in float32.
 """

@@ -9,8 +9,8 @@ every region / word, into subspaces of `method.subspace_dim` (512); SGRAF's simi
 (retrieval, training and evaluation all run there: H(V_s, T_s)); eight pair critics T(x, y) (three-layer MLPs on
 [x; y], LeakyReLU 0.2, 256 hidden) for the JSD estimates — four trained with the encoders (the MI terms the
 encoders maximise), four adversarial (`adv_*`: the MI terms the encoders minimise, maximised by their critics).
-MI terms see per-sample vectors: regions / valid words mean-pooled (the paper does not say how a set of regions
-enters a critic: a reconstruction).
+MI terms see per-sample vectors: regions / valid words mean-pooled (`method.critic_pool='mean'`, or 'max'; the paper
+does not say how a set of regions enters a critic: a reconstruction).
 
 Schedule (the paper's implementation details): a warm-up stage of `method.warmup_epochs` (5) epochs of L_align
 with the constant margin 0.2 on every pair, then `config.num_epochs` (50) epochs with two updates per step:
@@ -67,7 +67,11 @@ class PairCritic(nnx.Module):
 
 class DisNCLModel(nnx.Module):
 
-  def __init__(self, *, spec: dict, vocab_size: int, pad_id: int, subspace_dim: int, hidden: int, rngs: nnx.Rngs):
+  def __init__(self, *, spec: dict, vocab_size: int, pad_id: int, subspace_dim: int, hidden: int,
+               critic_pool: str = "mean", rngs: nnx.Rngs):
+    if critic_pool not in ("mean", "max"):
+      raise ValueError(f"unknown method.critic_pool {critic_pool!r}; expected 'mean' or 'max'")
+    self.critic_pool = critic_pool
     d, s = spec["embed_dim"], subspace_dim
     self.img = sgraf.RegionEncoder(spec["feature_dim"], d, rngs=rngs)
     self.txt = sgraf.GRUTextEncoder(vocab_size, spec["word_dim"], d, pad_id=pad_id,
@@ -85,19 +89,24 @@ class DisNCLModel(nnx.Module):
 
   # --- encoders ---------------------------------------------------------------------------------------------------
   def features(self, regions, tokens, rng=None):
-    """Everything one batch needs: local features of both subspaces, pooled vectors for the MI terms."""
+    """Everything one batch needs: local features of both subspaces, pooled vectors for the MI terms
+    (`critic_pool`: 'mean' over regions / valid words, or 'max')."""
     f_v = self.img(regions)                                  # (B, R, D)
     f_t, mask = self.txt(tokens, rng)                        # (B, L, D), (B, L)
     m = f32(mask)[..., None]
 
     def pool_t(x):
+      if self.critic_pool == "max":
+        return jnp.max(jnp.where(m > 0, x, -jnp.inf), axis=1)
       return jnp.sum(x * m, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)
+
+    def pool_v(x):
+      return jnp.max(x, axis=1) if self.critic_pool == "max" else jnp.mean(x, axis=1)
 
     v_s, v_x = sgraf.l2norm(self.f_s(f_v)), self.f_x(f_v)
     t_s, t_x = sgraf.l2norm(self.g_s(f_t)) * m, self.g_x(f_t) * m
     return dict(v_s=v_s, t_s=t_s, mask=mask, pooled=dict(
-        f_v=jnp.mean(f_v, axis=1), f_t=pool_t(f_t), v_s=jnp.mean(v_s, axis=1), t_s=pool_t(t_s),
-        v_x=jnp.mean(v_x, axis=1), t_x=pool_t(t_x)))
+        f_v=pool_v(f_v), f_t=pool_t(f_t), v_s=pool_v(v_s), t_s=pool_t(t_s), v_x=pool_v(v_x), t_x=pool_t(t_x)))
 
   def encode_image(self, regions):
     return sgraf.l2norm(self.f_s(self.img(regions)))
@@ -133,7 +142,7 @@ class DisNCL(RegionMethod):
     tok, mc = self.tokenizer, self.config.method
     return {"model": DisNCLModel(spec=models.region_spec(self.config.model), vocab_size=tok.vocab_size,
                                  pad_id=tok.pad_id, subspace_dim=mc.subspace_dim, hidden=mc.hidden,
-                                 rngs=nnx.Rngs(self.config.seed))}
+                                 critic_pool=mc.critic_pool, rngs=nnx.Rngs(self.config.seed))}
 
   def _similarity(self, model, batch, rng):
     feats = model.features(batch["image"], batch["tokens"], rng)
@@ -167,7 +176,13 @@ class DisNCL(RegionMethod):
     confidence = L.diagonal_confidence(h, lc.temperature)
     margins = L.soft_margin(confidence, lc.margin, lc.margin_kind, lc.margin_base)
     align, m_align = L.align_loss(h, margins, keep, reduction=lc.reduction)
-    soft, m_soft = L.soft_loss(h, h, beta3=mc.beta3, temperature=lc.temperature)
+    if lc.soft_target == "bootstrap":
+      soft, m_soft = L.soft_loss(h, h, beta3=mc.beta3, temperature=lc.temperature)
+    elif lc.soft_target == "soft_infonce":   # L2RM's Soft_InfoNCE on labels beta3 I + (1 - beta3) sg(H)
+      labels = mc.beta3 * jnp.eye(h.shape[0]) + (1.0 - mc.beta3) * jax.lax.stop_gradient(h)
+      soft, m_soft = L.soft_infonce(h, labels, temperature=lc.temperature)
+    else:
+      raise ValueError(f"unknown loss.soft_target {lc.soft_target!r}; expected 'bootstrap' or 'soft_infonce'")
     loss = lc.w_dis * dis + lc.w_align * align + lc.w_soft * soft
     metrics = dict(m_dis, **m_align, **m_soft, l_dis=dis, clean_confidence=jnp.mean(confidence))
     return loss, (metrics, state)

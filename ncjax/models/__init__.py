@@ -115,8 +115,9 @@ def region_spec(model_config) -> dict:
   """The region model's hyper-parameters from `config.model` (its `region` block and the named size)."""
   spec = resolve_model_spec(model_config, vocab_size=1)
   region = model_config.region
-  return dict(feature_dim=int(region.feature_dim), embed_dim=int(spec["embed_dim"]), word_dim=int(region.word_dim),
-              sim_dim=int(region.sim_dim), head=region.head, steps=int(region.steps), smooth=float(region.smooth),
+  return dict(feature_dim=int(region.feature_dim), embed_dim=int(spec["embed_dim"]),
+              word_dim=int(region.word_dim), sim_dim=int(region.sim_dim), head=region.head,
+              steps=int(region.steps), smooth=float(region.smooth),
               word_dropout=float(region.word_dropout), pairs_per_step=int(region.pairs_per_step))
 
 
@@ -132,6 +133,7 @@ def build_model(cfg, *, vocab_size: int, eot_id: int, pad_id: int = 0, seed: int
   return build_two_tower(cfg, vocab_size=vocab_size, eot_id=eot_id, pad_id=pad_id, seed=seed)
 
 
-__all__ = ["TwoTower", "build_two_tower", "build_model", "is_region_model", "region_spec", "resolve_model_spec", "image_size_of", "context_length_of",
+__all__ = ["TwoTower", "build_two_tower", "build_model", "is_region_model", "region_spec", "resolve_model_spec",
+           "image_size_of", "context_length_of",
            "tokenizer_kind_of", "CLIP_VOCAB_SIZE", "register_image_tower", "register_text_tower",
            "SIZES", "DTYPES", "l2_normalize"]

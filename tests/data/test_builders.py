@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import data_fixtures as fx
-from ncjax.data import build as build_cli
 from ncjax.data import readers, sources, tfds_builders
 
 
@@ -60,11 +59,17 @@ def test_digits_builder_matches_the_in_memory_dataset(built):
 
 
 def test_table_builder_via_cli_with_configurable_columns(tmp_path):
+  # As the README writes it: `python -m ncjax.data.build` in its own process (a builder class defined in __main__
+  # once failed there with "'__main__' is not a package", while an in-process call worked).
+  import subprocess
+  import sys
   rows = fx.write_table(str(tmp_path / "pairs"), separator=",")
-  rc = build_cli.main(["--dataset=web_pairs/custom_table", f"--manual_dir={tmp_path / 'pairs'}",
-                       f"--data_dir={tmp_path / 'tfds'}", "--table=pairs.csv", "--separator=,",
-                       "--image_column=path", "--caption_column=caption"])
-  assert rc == 0
+  proc = subprocess.run([sys.executable, "-m", "ncjax.data.build", "--dataset=web_pairs/custom_table",
+                         f"--manual_dir={tmp_path / 'pairs'}", f"--data_dir={tmp_path / 'tfds'}", "--table=pairs.csv",
+                         "--separator=,", "--image_column=path", "--caption_column=caption"],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "train: 10 records" in proc.stdout
   sp = sources.load_tfds_split("tfds:web_pairs/custom_table", str(tmp_path / "tfds"), "train")
   assert sp.captions == [c for _, c in rows]
 

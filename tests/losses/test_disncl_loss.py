@@ -100,7 +100,8 @@ def test_soft_loss_bootstrapped_targets_hand_restatement_and_no_gradient_into_th
   tau, beta3 = 0.2, 0.5
   y_row = beta3 * np.eye(5) + (1 - beta3) * np.exp(_log_softmax(t / tau, 1))
   y_col = beta3 * np.eye(5) + (1 - beta3) * np.exp(_log_softmax(t / tau, 0))
-  ref = (-np.mean(np.sum(y_row * _log_softmax(s / tau, 1), 1)) - np.mean(np.sum(y_col * _log_softmax(s / tau, 0), 0))) / 2
+  ref = (-np.mean(np.sum(y_row * _log_softmax(s / tau, 1), 1))
+         - np.mean(np.sum(y_col * _log_softmax(s / tau, 0), 0))) / 2
   assert float(L.soft_loss(s, t, beta3=beta3, temperature=tau)[0]) == pytest.approx(ref, rel=1e-5)
   g = jax.grad(lambda tt: L.soft_loss(s, tt, beta3=beta3, temperature=tau)[0])(jnp.asarray(t))
   assert float(jnp.abs(g).max()) == 0.0
@@ -140,7 +141,8 @@ def test_gaussian_kl_bound_equals_the_closed_form_kl_of_unit_covariance_gaussian
   a, b = rng.normal(size=(3, 5)), rng.normal(size=(3, 5))
   k = 5
   per_pair = []
-  for mu0, mu1 in zip(a, b):     # KL(N0 || N1) = (tr(S1^-1 S0) + (mu1-mu0)^T S1^-1 (mu1-mu0) - k + ln det S1/det S0) / 2
+  # KL(N0 || N1) = (tr(S1^-1 S0) + (mu1-mu0)^T S1^-1 (mu1-mu0) - k + ln det S1/det S0) / 2
+  for mu0, mu1 in zip(a, b):
     s0 = s1 = np.eye(k)
     d = mu1 - mu0
     per_pair.append(0.5 * (np.trace(np.linalg.solve(s1, s0)) + d @ np.linalg.solve(s1, d) - k

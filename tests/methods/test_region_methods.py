@@ -56,3 +56,22 @@ def test_disncl_steps_on_8_devices_equal_steps_on_1(tmp_path, devices):
   one = train.train(cfg, str(tmp_path / "1"), devices=devices[:1])
   for x, y in zip(jax.tree.leaves(jax.device_get(eight.params)), jax.tree.leaves(jax.device_get(one.params))):
     np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=5e-5)
+
+
+def test_disncl_reconstructed_pieces_are_options_with_finite_gradients():
+  from ncjax.experiment import build_experiment
+  from ncjax.contract import strip_diagnostics
+  losses = {}
+  for soft, pool in (("bootstrap", "mean"), ("soft_infonce", "max")):
+    cfg = make_config("disncl", "batch=64,warmup=0", **TINY, **{"loss.soft_target": soft, "method.critic_pool": pool})
+    exp = build_experiment(cfg)
+    params = exp.method.init_params()
+    batch = strip_diagnostics(exp.train_data.global_batch(0)[0])
+    fn = jax.jit(jax.value_and_grad(exp.method.main_loss, has_aux=True))
+    (loss, (metrics, _)), grads = fn(params, {}, batch, jax.random.PRNGKey(0))
+    assert np.isfinite(float(loss)) and all(np.all(np.isfinite(np.asarray(g))) for g in jax.tree.leaves(grads))
+    losses[soft] = float(metrics["soft_loss"] if soft == "bootstrap" else metrics["soft_infonce"])
+  assert losses["bootstrap"] != losses["soft_infonce"]
+  with pytest.raises(ValueError, match="unknown method.critic_pool 'median'"):
+    cfg = make_config("disncl", "batch=64", **TINY, **{"method.critic_pool": "median"})
+    build_experiment(cfg).method.init_params()
