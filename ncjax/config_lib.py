@@ -183,10 +183,12 @@ def apply_common(c, *, model: str, data: str, batch: int, epochs: int, noise: fl
 
 def add_default_evals(c):
   """Zero-shot (digits prompts), retrieval and noise detection on the dataset's test split, at the end of training.
-  `--config.evals.NAME.enabled=False` switches one off (e.g. for data without a labelled test split). `dataset` is present (empty: the training dataset) so that `--config.evals.zeroshot.dataset=...` can set it."""
-  c.evals.zeroshot = dict(type="zeroshot", dataset="", split="test", templates="digits", every_steps=0,
-                         enabled=True)
-  c.evals.retrieval = dict(type="retrieval", dataset="", split="test", every_steps=0, enabled=True)
+  `--config.evals.NAME.enabled=False` switches one off (e.g. for data without a labelled test split). `dataset` and
+  `data_dir` are present (empty: the training dataset and input.data_dir) so that `--config.evals.zeroshot.dataset=...`
+  / `.data_dir=...` can evaluate on another built dataset."""
+  c.evals.zeroshot = dict(type="zeroshot", dataset="", data_dir="", split="test", templates="digits",
+                         every_steps=0, enabled=True)
+  c.evals.retrieval = dict(type="retrieval", dataset="", data_dir="", split="test", every_steps=0, enabled=True)
   c.evals.noise_detection = dict(type="noise_detection", every_steps=0, enabled=True)
   return c
 
@@ -234,8 +236,8 @@ def region_model(c, a):
   c.optim.warmup_steps = 0
   # COCO: NCR's 5K test images ('testall') with the 1K x 5-fold average as well; F30K / CC152K: the 1K 'test' split.
   coco = "coco" in a.data
-  c.evals.retrieval = dict(type="retrieval", dataset="", split="testall" if coco else "test", every_steps=0,
-                           enabled=True, folds=5 if coco else 0)
+  c.evals.retrieval = dict(type="retrieval", dataset="", data_dir="", split="testall" if coco else "test",
+                           every_steps=0, enabled=True, folds=5 if coco else 0)
   c.evals.noise_detection = dict(type="noise_detection", every_steps=0, enabled=True)
   return c
 

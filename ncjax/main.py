@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 
 from absl import app, flags
@@ -91,9 +92,19 @@ def run_evaluations(config, *, tokenizer, mesh, method, state, out_dir: str, ste
     records = evals.clip_benchmark_records(results, evaluators, model=f"{method.name}:{model}",
                                            dataset=config.input.dataset)
     with open(os.path.join(out_dir, f"step_{step}.json"), "w") as f:
-      json.dump(dict(step=step, method=method.name, **(info or {}), results=results, records=records), f,
-                indent=1)
+      json.dump(evals.finite_or_none(dict(step=step, method=method.name, **(info or {}), results=results,
+                                          records=records)), f, indent=1, allow_nan=False)
   return results
+
+
+def eval_dir(config, exp, workdir: str) -> str:
+  """WORKDIR/eval for the run's own data; WORKDIR/eval/<dataset>[_<data_dir>] when the config evaluates other
+  data (`ncjax eval --config=... --config.input.data_dir=...`), so no dataset overwrites another's results."""
+  own, asked = exp.config.input, config.input
+  if (asked.dataset, asked.data_dir) == (own.dataset, own.data_dir):
+    return os.path.join(workdir, "eval")
+  slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{asked.dataset}_{os.path.basename(asked.data_dir.rstrip('/'))}")
+  return os.path.join(workdir, "eval", slug.strip("_"))
 
 
 def evaluate_state(config, exp, state, workdir: str) -> dict:
@@ -101,8 +112,9 @@ def evaluate_state(config, exp, state, workdir: str) -> dict:
   import jax
   step = int(jax.device_get(state["step"]))
   return run_evaluations(config, tokenizer=exp.tokenizer, mesh=exp.mesh, method=exp.method, state=state,
-                         out_dir=os.path.join(workdir, "eval"), step=step, experiment=exp,
-                         info=dict(workdir=os.path.abspath(workdir), noise_sha256=exp.train_data.noise_sha256))
+                         out_dir=eval_dir(config, exp, workdir), step=step, experiment=exp,
+                         info=dict(workdir=os.path.abspath(workdir), noise_sha256=exp.train_data.noise_sha256,
+                                   dataset=config.input.dataset))
 
 
 def evaluate_pretrained(config, spec: str, output: str) -> dict:
@@ -172,22 +184,34 @@ def _config_from_meta(meta: dict):
   return config_lib.from_json_dict(meta["config"])
 
 
+def evaluate_checkpoint(config, workdir: str, step: int):
+  """(results, meta) of one saved checkpoint under `config` (None: the run's own config).
+
+  The state is restored with the run's own config (its training data sizes the per-example method state); the
+  evaluators follow the given config, which may name other data: training-only state is never rebuilt against
+  the evaluation data, and results on other data go to their own directory (`eval_dir`)."""
+  import jax
+  from ncjax import checkpoint as ckpt_lib, train
+  manager = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), async_save=False)
+  meta = manager.read_meta(step)
+  manager.close()
+  own = fit_to_devices(_config_from_meta(meta), len(jax.devices()))
+  cfg = fit_to_devices(config, len(jax.devices())) if config is not None else own
+  trainer = train.Trainer(own, workdir, step=step)
+  state, _ = trainer.restore_or_init()
+  results = evaluate_state(cfg, trainer.exp, state, workdir)
+  trainer.checkpointer.close()
+  return results, meta
+
+
 def eval_command(config):
   """Evaluate checkpoints: one JSON per checkpoint (WORKDIR/eval/step_N.json) and a summary (markdown + CSV)."""
   import jax
-  from ncjax import checkpoint as ckpt_lib, train
   if not _CHECKPOINTS.value:
     raise app.UsageError("eval needs --checkpoints=WORKDIR[/checkpoints/STEP][,...]")
   rows = []
   for workdir, step in expand_checkpoints(_CHECKPOINTS.value):
-    manager = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), async_save=False)
-    meta = manager.read_meta(step)
-    manager.close()
-    cfg = fit_to_devices(config if config is not None else _config_from_meta(meta), len(jax.devices()))
-    trainer = train.Trainer(cfg, workdir, step=step)
-    state, _ = trainer.restore_or_init()
-    results = evaluate_state(cfg, trainer.exp, state, workdir)
-    trainer.checkpointer.close()
+    results, meta = evaluate_checkpoint(config, workdir, step)
     row = dict(workdir=workdir, step=step, method=meta["method"])
     for name, res in results.items():
       row.update({f"{name}/{k}": v for k, v in res.items() if isinstance(v, (int, float))})
@@ -223,9 +247,17 @@ def write_summary(rows: list[dict], out_dir: str) -> tuple[str, str]:
   return md_path, csv_path
 
 
+def check_final_evaluators(config, exp) -> None:
+  """Fail in seconds, not after training: every evaluator of config.evals loads its data now."""
+  from ncjax import evals
+  evals.check_evaluators(evals.build_evaluators(config.evals, evals.EvalContext(config, exp.tokenizer, exp.mesh,
+                                                                                 experiment=exp)))
+
+
 def train_command(config, workdir: str):
   from ncjax import train
   trainer = train.Trainer(config, workdir)
+  check_final_evaluators(config, trainer.exp)
   result = trainer.run(until=_UNTIL.value, evaluate=make_periodic_evaluator(config, trainer))
   results = final_evaluation(config, result, workdir)
   for name, res in results.items():
@@ -282,8 +314,12 @@ def main(argv):
   logging.getLogger("ncjax").setLevel(logging.INFO)
   if command == "train":
     from ncjax.checkpoint import CheckpointWriteError
+    from ncjax.evals import EvaluatorConfigError
     try:
       train_command(_CONFIG.value, _WORKDIR.value)
+    except EvaluatorConfigError as e:
+      print(f"ncjax: error: {e}", file=sys.stderr, flush=True)
+      sys.exit(2)
     except CheckpointWriteError as e:
       # One clear line, then exit without interpreter shutdown: orbax's writer threads would otherwise bury it
       # under their own tracebacks. Nothing is lost: metrics are flushed and finished checkpoints are final.

@@ -9,8 +9,9 @@ training dataset's 'test' split) and its own options, passed as keyword argument
 from __future__ import annotations
 
 from ncjax.evals import common, linear_probe, noise, plots, retrieval, unlearning, zeroshot
-from ncjax.evals.base import (EVALUATORS, EvalContext, Evaluator, accepted_options, build_evaluator,
-                              build_evaluators, clip_benchmark_records, register, run_evaluators)
+from ncjax.evals.base import (EVALUATORS, EvalContext, Evaluator, EvaluatorConfigError, accepted_options,
+                              build_evaluator, build_evaluators, check_evaluators, clip_benchmark_records,
+                              finite_or_none, register, run_evaluators)
 from ncjax.evals.linear_probe import LinearProbe
 from ncjax.evals.noise import NoiseDetection, pair_scores, train_data_images
 from ncjax.evals.retrieval import Retrieval
@@ -18,6 +19,7 @@ from ncjax.evals.unlearning import Unlearning
 from ncjax.evals.zeroshot import ZeroShot
 
 __all__ = ["EVALUATORS", "EvalContext", "Evaluator", "build_evaluator", "build_evaluators", "run_evaluators",
+           "check_evaluators", "EvaluatorConfigError", "finite_or_none",
            "register", "accepted_options", "clip_benchmark_records", "pair_scores", "train_data_images",
            "ZeroShot", "Retrieval", "LinearProbe", "NoiseDetection", "Unlearning", "common", "linear_probe", "noise",
            "plots", "retrieval", "unlearning", "zeroshot"]

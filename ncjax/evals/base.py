@@ -12,6 +12,7 @@ import abc
 import dataclasses
 import functools
 import inspect
+import math
 import os
 from typing import Any
 
@@ -40,10 +41,12 @@ class EvalContext:
   tag: str = ""
 
   @functools.lru_cache(maxsize=8)
-  def split(self, dataset: str, split: str):
+  def split(self, dataset: str, split: str, data_dir: str = ""):
     input_cfg = self.config.input.copy_and_resolve_references()
     with input_cfg.unlocked():
       input_cfg.dataset = dataset
+      if data_dir:
+        input_cfg.data_dir = data_dir
     return data_lib.load_split(input_cfg, split, image_size_of(self.config.model))
 
   def __hash__(self):
@@ -61,13 +64,15 @@ class Evaluator(abc.ABC):
   Args (shared by every evaluator):
     dataset: the dataset to evaluate on (default: the training dataset).
     split: its split (default 'test').
+    data_dir: where that dataset is built (default: input.data_dir), so a second built dataset can be evaluated.
   """
   task = ""  # CLIP_benchmark task name
 
-  def __init__(self, context: EvalContext, *, dataset: str = "", split: str = "test"):
+  def __init__(self, context: EvalContext, *, dataset: str = "", split: str = "test", data_dir: str = ""):
     self.context = context
     self.dataset = dataset
     self.split = split
+    self.data_dir = data_dir
 
   @property
   def batch_size(self) -> int:
@@ -75,7 +80,7 @@ class Evaluator(abc.ABC):
 
   def data(self, split: str | None = None):
     dataset = self.dataset or self.context.config.input.dataset
-    return self.context.split(dataset, split or self.split)
+    return self.context.split(dataset, split or self.split, self.data_dir)
 
   def images(self, split):
     cfg = self.context.config
@@ -85,6 +90,28 @@ class Evaluator(abc.ABC):
   @abc.abstractmethod
   def run(self, eval_model, state=None) -> dict:
     """Evaluate and return flat metrics."""
+
+  def check(self) -> None:
+    """Raise now, with the reason, if this evaluator cannot run at the end of training (its dataset, split,
+    labels or templates missing). Default: the split loads."""
+    self.data()
+
+
+class EvaluatorConfigError(ValueError):
+  """An evaluator of config.evals cannot run on the data it names (found before training starts)."""
+
+
+def check_evaluators(evaluators: dict[str, Evaluator]) -> None:
+  """Run every evaluator's start-up check; one error listing every evaluator that cannot run, and how to fix it."""
+  problems = []
+  for name, ev in evaluators.items():
+    try:
+      ev.check()
+    except (ValueError, FileNotFoundError, KeyError) as e:
+      problems.append(f"evals.{name}: {e}; fix its dataset/split (--config.evals.{name}.dataset=..., "
+                      f"--config.evals.{name}.split=...) or switch it off with --config.evals.{name}.enabled=False")
+  if problems:
+    raise EvaluatorConfigError("an evaluator cannot run, checked before training:\n  " + "\n  ".join(problems))
 
 
 def accepted_options(cls) -> list[str]:
@@ -121,6 +148,18 @@ def build_evaluators(evals_config, context: EvalContext) -> dict[str, Evaluator]
   """Every evaluator of `config.evals` except those switched off with `--config.evals.NAME.enabled=False`."""
   return {name: build_evaluator(name, cfg, context) for name, cfg in evals_config.items()
           if cfg.get("enabled", True)}
+
+
+def finite_or_none(value):
+  """A result made JSON-safe: NaN / inf (a metric undefined on this data, e.g. noise AUC without noisy pairs)
+  become null, never a bare NaN token that strict JSON readers reject."""
+  if isinstance(value, dict):
+    return {k: finite_or_none(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [finite_or_none(v) for v in value]
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
 
 
 def run_evaluators(evaluators: dict[str, Evaluator], eval_model, state=None) -> dict[str, dict]:

@@ -154,11 +154,16 @@ class LinearProbe(Evaluator):
   task = "linear_probe"
 
   def __init__(self, context, *, train_split: str = "train", val_fraction: float = 0.2, protocol: str = "jax",
-               dataset: str = "", split: str = "test"):
-    super().__init__(context, dataset=dataset, split=split)
+               dataset: str = "", split: str = "test", data_dir: str = ""):
+    super().__init__(context, dataset=dataset, split=split, data_dir=data_dir)
     if protocol not in ("jax", "sklearn"):
       raise ValueError(f"linear_probe protocol must be 'jax' or 'sklearn', got {protocol!r}")
     self.train_split, self.val_fraction, self.protocol = train_split, float(val_fraction), protocol
+
+  def check(self):
+    for name in (self.train_split, self.split):
+      if self.data(name).image_labels is None:
+        raise ValueError(f"{self.data(name).name} has no class labels: a linear probe needs them")
 
   def run(self, eval_model, state=None) -> dict:
     if eval_model.image_features is None:

@@ -54,6 +54,9 @@ class NoiseDetection(Evaluator):
     super().__init__(context, dataset=dataset, split=split)
     self.plot = plot
 
+  def check(self):
+    """Nothing to load: it scores the training pairs of the run's own experiment."""
+
   def run(self, eval_model, state=None) -> dict:
     exp = self.context.experiment
     if exp is None:

@@ -86,16 +86,26 @@ class Unlearning(Evaluator):
 
   def __init__(self, context, *, forget_classes, templates: str = "auto",
                keep_forget_classes_in_labelset: bool = True, average: str = "micro", retrieval: bool = True,
-               dataset: str = "", split: str = "test"):
-    super().__init__(context, dataset=dataset, split=split)
+               dataset: str = "", split: str = "test", data_dir: str = ""):
+    super().__init__(context, dataset=dataset, split=split, data_dir=data_dir)
     if average not in ("micro", "macro"):
       raise ValueError(f"average must be 'micro' or 'macro', got {average!r}")
     self.forget_classes = list(forget_classes)
     self.templates, self.keep, self.average, self.with_retrieval = templates, keep_forget_classes_in_labelset, \
         average, retrieval
 
+  def check(self):
+    zs = ZeroShot(self.context, templates=self.templates, dataset=self.dataset, split=self.split,
+                  data_dir=self.data_dir)
+    zs.check()
+    names = zs.data().class_names
+    unknown = [c for c in self.forget_classes if isinstance(c, str) and c not in names]
+    if unknown:
+      raise ValueError(f"forget classes {unknown} are not classes of {zs.data().name}: {list(names)}")
+
   def run(self, eval_model, state=None) -> dict:
-    zs = ZeroShot(self.context, templates=self.templates, dataset=self.dataset, split=self.split)
+    zs = ZeroShot(self.context, templates=self.templates, dataset=self.dataset, split=self.split,
+                  data_dir=self.data_dir)
     scores, split = zs.scores(eval_model)
     forget_ids = [split.class_names.index(c) if isinstance(c, str) else int(c) for c in self.forget_classes]
     out = forget_retain_accuracy(scores, split.image_labels, forget_ids,

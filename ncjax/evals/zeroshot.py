@@ -108,9 +108,15 @@ class ZeroShot(Evaluator):
   """
   task = "zeroshot_classification"
 
-  def __init__(self, context, *, templates: str = "auto", dataset: str = "", split: str = "test"):
-    super().__init__(context, dataset=dataset, split=split)
+  def __init__(self, context, *, templates: str = "auto", dataset: str = "", split: str = "test", data_dir: str = ""):
+    super().__init__(context, dataset=dataset, split=split, data_dir=data_dir)
     self.templates = templates
+
+  def check(self):
+    split = self.data()
+    if split.image_labels is None:
+      raise ValueError(f"{split.name} has no class labels: zero-shot classification needs them")
+    templates_for(self.templates, self.dataset or self.context.config.input.dataset)
 
   def scores(self, eval_model):
     split = self.data()

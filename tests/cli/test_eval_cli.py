@@ -73,3 +73,22 @@ def test_restored_sharded_checkpoint_embeds_identically_on_8_and_1_devices(tmp_p
               common.embed_texts(em, trainer.exp.train_data.tokens[:64], 64, trainer.exp.mesh))
   np.testing.assert_allclose(out[8][0], out[1][0], atol=1e-5)
   np.testing.assert_allclose(out[8][1], out[1][1], atol=1e-5)
+
+
+def test_eval_on_other_data_keeps_the_runs_state_and_its_own_results(tmp_path, built):
+  # A GSC run (per-example labels sized by its 1,438 training pairs) evaluated on another built dataset of 15
+  # pairs: the state is restored with the run's own config, the results go to eval/<dataset>, not over eval/.
+  from helpers import make_config
+  from ncjax import main as cli
+  cfg = make_config("gsc", "noise=0.4,batch=64,epochs=1", total_steps=2)
+  with cfg.unlocked():
+    cfg.evals = {"retrieval": dict(type="retrieval", plot=False)}
+  workdir = tmp_path / "run"
+  train.train(cfg, str(workdir))
+  other = cfg.copy_and_resolve_references()
+  with other.unlocked():
+    other.input.dataset, other.input.data_dir = "tfds:karpathy/flickr30k", built["data_dir"]
+  results, meta = cli.evaluate_checkpoint(other, str(workdir), 2)
+  assert meta["method"] == "gsc" and 0 <= results["retrieval"]["rsum"] <= 600
+  out = json.loads((workdir / "eval" / "tfds_karpathy_flickr30k_tfds" / "step_2.json").read_text())
+  assert out["dataset"] == "tfds:karpathy/flickr30k" and not (workdir / "eval" / "step_2.json").exists()
