@@ -16,7 +16,7 @@ from ncjax.config_lib import optional
 
 
 def get_config(arg=None):
-  args = config_lib.parse_arg(arg, setting="synthetic", model=optional(str), data=optional(str), noise=0.4,
+  args = config_lib.parse_arg(arg, setting="synthetic", model=optional(str), data=optional(str), noise=optional(float),
                               noise_file="", batch=optional(int), epochs=optional(int), warmup=optional(int),
                               lr=optional(float), head=optional(str), feature_dim=optional(int),
                               word_dim=optional(int), sim_dim=optional(int), margin_kind="exponential",
@@ -29,7 +29,7 @@ def get_config(arg=None):
   c.num_epochs = a.epochs or (50 if paper else 8)
   if paper:   # the stage after warm-up: lr x0.1 after 25 of its 50 epochs
     c.optim.schedule, c.optim.decay_every_epochs, c.optim.decay_factor = "step", 25, 0.1
-  config_lib.region_noise(c, a.noise, a.noise_file)
+  config_lib.region_noise(c, config_lib.noise_for(a.data, a.noise, 0.4), a.noise_file)
   c.method.warmup_epochs = a.warmup if a.warmup is not None else (5 if paper else 4)
   c.method.subspace_dim = a.subspace or (512 if paper else 64)
   c.method.hidden = 256 if paper else 64

@@ -51,8 +51,9 @@ def get_config(arg=None):
   c.model.size = a.model
   c.input.dataset = a.data
   c.input.global_batch_size = a.batch
-  if a.noise > 0:
-    c.noise.kind, c.noise.ratio = "caption_shuffle", a.noise
+  noise = config_lib.noise_for(a.data, args.noise, a.noise)   # the preset's noise on digits, else 0 unless given
+  if noise > 0:
+    c.noise.kind, c.noise.ratio = "caption_shuffle", noise
   c.method.epochs_prompt = a.epochs_prompt
   c.num_epochs = a.epochs
   c.method.forget_ratio = a.ratio

@@ -15,7 +15,7 @@ from ncjax.config_lib import optional
 
 
 def get_config(arg=None):
-  args = config_lib.parse_arg(arg, setting="synthetic", model=optional(str), data=optional(str), noise=0.4,
+  args = config_lib.parse_arg(arg, setting="synthetic", model=optional(str), data=optional(str), noise=optional(float),
                               noise_file="", batch=optional(int), epochs=optional(int), lr=optional(float),
                               head=optional(str), feature_dim=optional(int), word_dim=optional(int),
                               sim_dim=optional(int))
@@ -28,5 +28,5 @@ def get_config(arg=None):
   c.num_epochs = a.epochs or (40 if paper else 9)
   if paper:
     c.optim.schedule, c.optim.decay_every_epochs, c.optim.decay_factor = "step", 30, 0.1
-  config_lib.region_noise(c, a.noise, a.noise_file)
+  config_lib.region_noise(c, config_lib.noise_for(a.data, a.noise, 0.4), a.noise_file)
   return config_lib.lock(c)

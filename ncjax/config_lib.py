@@ -162,6 +162,19 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+# The embedded datasets, whose configs inject synthetic noise by default (they are clean otherwise). A user's own
+# data is trained as it is unless `noise=` asks for injected noise: web data carries its own.
+EMBEDDED_DATASETS = ("digits", "synthetic", "precomp_synthetic")
+
+
+def noise_for(data: str, given: float | None, embedded_default: float) -> float:
+  """The injected-noise ratio: the argument when given; else `embedded_default` on the embedded datasets, 0 on
+  any other dataset."""
+  if given is not None:
+    return float(given)
+  return embedded_default if data in EMBEDDED_DATASETS else 0.0
+
+
 def apply_common(c, *, model: str, data: str, batch: int, epochs: int, noise: float, lr: float,
                  noise_kind: str = "caption_shuffle", weight_decay: float = 0.1, warmup_steps: int = 20,
                  init: str = ""):

@@ -94,3 +94,14 @@ def test_demo_workdirs_pass_through_a_config_argument():
   for name in names:
     path = demo._workdir(name)
     assert parse_arg(f"variant=all,init={path}", variant="", init="").init == path
+
+
+@pytest.mark.parametrize("name", ["ncu", "gsc", "bayes", "sgraf", "disncl"])
+def test_injected_noise_defaults_to_zero_on_a_users_dataset(name):
+  from helpers import load_config
+  embedded = load_config(name, "")
+  assert embedded.noise.kind == "caption_shuffle" and embedded.noise.ratio == 0.4
+  own = load_config(name, "data=tfds:web_pairs/custom_table")
+  assert own.noise.kind == "none" and own.noise.ratio == 0.0
+  asked = load_config(name, "data=tfds:web_pairs/custom_table,noise=0.2")
+  assert asked.noise.kind == "caption_shuffle" and asked.noise.ratio == 0.2
