@@ -47,9 +47,18 @@ _MODULE = flags.DEFINE_string("module", "model", "export: which two-tower module
 COMMANDS = ("train", "eval", "export")
 
 
+def _quiet_logging():
+  """Library INFO logs (orbax's per-save lines, tfds) only when asked for with --verbosity=0 (or -v 0); ncjax's
+  own progress, results and errors are printed regardless."""
+  from absl import logging as absl_logging
+  if not flags.FLAGS["verbosity"].present:
+    absl_logging.set_verbosity(absl_logging.WARNING)
+
+
 def _init_jax():
   import jax
   from ncjax import runtime
+  _quiet_logging()
   if _CPU_DEVICES.value:
     runtime.configure_cpu_devices(_CPU_DEVICES.value)
   if _NUM_PROCESSES.value > 1:
@@ -328,7 +337,10 @@ def main(argv):
 
 
 def run():
-  """Console-script entry point (`ncjax`)."""
+  """Console-script entry point (`ncjax`). absl prints `__main__`'s docstring as the usage of --help; the console
+  script's __main__ has none, so it would print only 'USAGE: ncjax [flags]': give it this module's (the
+  commands and their flags)."""
+  sys.modules["__main__"].__doc__ = __doc__
   app.run(main)
 
 

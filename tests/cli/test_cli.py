@@ -14,6 +14,8 @@ def test_cli_trains_siglip_with_periodic_evals_tensorboard_and_resume(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert out.returncode == 0, out.stderr[-3000:]
+  # quiet by default: orbax's per-save INFO lines only with --verbosity
+  assert "checkpoint_manager.py" not in out.stderr and "zeroshot:" in out.stdout
   rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   train_rows = [r for r in rows if r["kind"] == "train"]
   eval_rows = [r for r in rows if r["kind"] == "eval"]
@@ -28,3 +30,13 @@ def test_cli_trains_siglip_with_periodic_evals_tensorboard_and_resume(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   steps = sorted(int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit())
   assert steps[0] == 4 and steps[-1] > 4
+
+
+def test_console_script_help_lists_the_commands():
+  script = os.path.join(os.path.dirname(sys.executable), "ncjax")
+  out = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  text = out.stdout + out.stderr
+  for command in ("ncjax train --config", "ncjax eval --checkpoints", "ncjax export --checkpoint"):
+    assert command in text, text[:2000]
+  assert "--workdir" in text and "--cpu_devices" in text
