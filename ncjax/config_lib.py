@@ -199,7 +199,9 @@ def add_default_evals(c):
   `--config.evals.NAME.enabled=False` switches one off (e.g. for data without a labelled test split). `dataset` and
   `data_dir` are present (empty: the training dataset and input.data_dir) so that `--config.evals.zeroshot.dataset=...`
   / `.data_dir=...` can evaluate on another built dataset."""
-  c.evals.zeroshot = dict(type="zeroshot", dataset="", data_dir="", split="test", templates="digits",
+  # digits' own prompts on digits; elsewhere the dataset's prompts when ncjax knows them, else CLIP's generic ones
+  templates = "digits" if c.input.dataset in ("digits", "tfds:digits") else "auto"
+  c.evals.zeroshot = dict(type="zeroshot", dataset="", data_dir="", split="test", templates=templates,
                          every_steps=0, enabled=True)
   c.evals.retrieval = dict(type="retrieval", dataset="", data_dir="", split="test", every_steps=0, enabled=True)
   c.evals.noise_detection = dict(type="noise_detection", every_steps=0, enabled=True)

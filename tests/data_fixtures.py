@@ -189,3 +189,26 @@ def _tfrecord_frame(record: bytes) -> bytes:
   header = struct.pack("<Q", len(record))
   return (header + struct.pack("<I", _masked(_crc32c(header))) + record
           + struct.pack("<I", _masked(_crc32c(record))))
+
+
+def write_labelled_table(directory, n=24, separator=","):
+  """A table with a class label (a name), a ground-truth clean flag and an image path per row; every third caption
+  names the wrong shape (clean = 0). Returns the rows as dicts."""
+  os.makedirs(os.path.join(directory, "imgs"), exist_ok=True)
+  shapes = ("circle", "square", "triangle")
+  rows = []
+  for i in range(n):
+    path = os.path.join("imgs", f"{i}.jpg")
+    with open(os.path.join(directory, path), "wb") as f:
+      f.write(jpeg(50 + i))
+    shape = shapes[i % 3]
+    noisy = i % 3 == 2
+    said = shapes[(i + 1) % 3] if noisy else shape
+    rows.append(dict(path=path, caption=f"a {COLORS[i % 8]} {said}", label=shape, clean=0 if noisy else 1))
+  with open(os.path.join(directory, "pairs.csv"), "w") as f:
+    f.write(separator.join(["path", "caption", "label", "clean"]) + "\n")
+    for r in rows:
+      f.write(separator.join([r["path"], r["caption"], r["label"], str(r["clean"])]) + "\n")
+  with open(os.path.join(directory, "names.txt"), "w") as f:
+    f.write("\n".join(shapes) + "\n")
+  return rows

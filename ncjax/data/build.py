@@ -3,7 +3,8 @@
   python -m ncjax.data.build --dataset=karpathy/flickr30k --manual_dir=/data/flickr30k --data_dir=/data/tfds
   python -m ncjax.data.build --dataset=web_pairs/cc3m --manual_dir=/data/cc3m_wds --data_dir=/data/tfds
   python -m ncjax.data.build --dataset=web_pairs/custom_table --manual_dir=/data/mypairs --data_dir=/data/tfds \\
-      --table=pairs.csv --separator=, --image_column=path --caption_column=caption
+      --table=pairs.csv --separator=, --image_column=path --caption_column=caption \\
+      [--label_column=label --class_names=names.txt] [--clean_column=clean] [--holdout=0.1 | --split_column=split]
   python -m ncjax.data.build --dataset=precomp/f30k_precomp --manual_dir=/data/f30k_precomp --data_dir=/data/tfds
 
 Then train with --config.input.dataset=tfds:karpathy/flickr30k --config.input.data_dir=/data/tfds.
@@ -28,10 +29,24 @@ def main(argv=None) -> int:
   p.add_argument("--separator", default=None, help="custom_table: column separator (default tab)")
   p.add_argument("--image_column", default=None)
   p.add_argument("--caption_column", default=None)
+  p.add_argument("--label_column", default=None, help="custom_table: a class label per row (integer or name)")
+  p.add_argument("--class_names", default=None,
+                 help="custom_table: a file with one class name per line (label i = line i); default: the sorted "
+                      "distinct labels")
+  p.add_argument("--clean_column", default=None,
+                 help="custom_table: a ground-truth clean flag per row (1/0), for noise-detection diagnostics only")
+  p.add_argument("--holdout", type=float, default=None,
+                 help="custom_table: put this fraction of the images (with all their rows) in a 'test' split")
+  p.add_argument("--split_column", default=None, help="custom_table: an explicit split name per row")
   args = p.parse_args(argv)
   name, _, config = args.dataset.partition("/")
+  class_names = None
+  if args.class_names:
+    with open(args.class_names, encoding="utf-8") as f:
+      class_names = tuple(line.strip() for line in f if line.strip())
   columns = dict(table=args.table, separator=args.separator, image_column=args.image_column,
-                 caption_column=args.caption_column)
+                 caption_column=args.caption_column, label_column=args.label_column, clean_column=args.clean_column,
+                 class_names=class_names, holdout=args.holdout, split_column=args.split_column)
   try:
     if name == "web_pairs" and any(v is not None for v in columns.values()):
       builder = tfds_builders.build_table(config or None, args.manual_dir, args.data_dir, **columns)

@@ -73,7 +73,10 @@ class TrainData:
     self.num_examples = split.num_captions   # id space (state capacity); the subset may be smaller
     self.steps_per_epoch = n // global_batch_size
     self.caption_to_image = split.caption_to_image if noisy is None else noisy.caption_to_image
-    self.clean = np.ones(split.num_captions, bool) if noisy is None else noisy.clean
+    # Ground truth for diagnostics (noise detection), never seen by a loss: the data's own clean flags where it
+    # has them (a table's clean column), and the injected noise on top.
+    own_clean = np.ones(split.num_captions, bool) if split.pair_clean is None else np.asarray(split.pair_clean, bool)
+    self.clean = own_clean if noisy is None else own_clean & noisy.clean
     self.noise_sha256 = None if noisy is None else noisy.sha256
     self.sharding = NamedSharding(mesh, P(batch_axes(mesh)))
     self.in_memory = isinstance(split.images, np.ndarray)

@@ -79,11 +79,18 @@ def load_tfds_split(dataset: str, data_dir: str, split: str) -> PairSplit:
   ds = builder.as_data_source(split=split)
   kind = "features" if name == "precomp" else "encoded"
   images = RecordImages(ds, index[f"{split}/positions"], kind, f"{name}/{split}")
-  labels = class_names = None
+  labels = class_names = pair_clean = None
   if name == "digits":
     from ncjax.data.digits import CLASS_NAMES
     labels = np.asarray([int(images.field(i, "label")) for i in range(len(images))])
     class_names = CLASS_NAMES
+  elif f"{split}/labels" in index.files:    # a table's label column (web_pairs/custom_table --label_column)
+    labels = index[f"{split}/labels"]
+    class_names = tuple(tables.get("class_names", ())) or tuple(str(i) for i in range(int(labels.max()) + 1))
+    if (labels < 0).any():
+      raise readers.DataFormatError(f"{name}/{config}/{split}: {int((labels < 0).sum())} images have no label")
+  if f"{split}/clean" in index.files:       # a ground-truth clean flag per pair (diagnostics only)
+    pair_clean = index[f"{split}/clean"] > 0
   return PairSplit(images=images, captions=captions, caption_to_image=index[f"{split}/caption_to_image"],
                    image_labels=labels, class_names=class_names or (), name=f"{name}/{config or 'default'}/{split}",
-                   image_meta=meta)
+                   image_meta=meta, pair_clean=pair_clean)

@@ -19,6 +19,7 @@ Builders (name: configs):
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -42,6 +43,17 @@ class WebPairsConfig(tfds.core.BuilderConfig):
   caption_column: str = "title"
   extra_columns: tuple = ()
   caption_key: str = "caption"        # where a WebDataset .json keeps the caption when there is no .txt
+  # Tables only. label_column: a class label per row (an integer, or a name; names are indexed in sorted order
+  # unless class_names lists them in index order), for zero-shot and linear probes on the user's data.
+  # clean_column: a ground-truth clean flag (1/0, true/false) for noise-detection diagnostics; it never reaches
+  # a loss. holdout: the fraction of *images* (all their rows together) put in a 'test' split, chosen by a hash
+  # of the image path (deterministic, stable when rows are added); split_column: an explicit split per row
+  # (values become split names; 'val' and 'test' rows are held out).
+  label_column: str = ""
+  clean_column: str = ""
+  class_names: tuple = ()
+  holdout: float = 0.0
+  split_column: str = ""
 
 
 WEB_CONFIGS = [
@@ -54,10 +66,26 @@ WEB_CONFIGS = [
 ]
 
 
+def holdout_split(image_path: str, fraction: float) -> str:
+  """'test' for a `fraction` of images, by a hash of the path (every row of an image lands in the same split)."""
+  digest = hashlib.sha256(image_path.encode("utf-8")).digest()
+  return "test" if int.from_bytes(digest[:8], "big") / 2 ** 64 < fraction else "train"
+
+
+def _clean_flag(value: str, row: int) -> int:
+  low = str(value).strip().lower()
+  if low in ("1", "true", "yes", "clean"):
+    return 1
+  if low in ("0", "false", "no", "noisy"):
+    return 0
+  raise readers.DataFormatError(f"row {row}: clean flag {value!r} is not 1/0/true/false/yes/no/clean/noisy")
+
+
 class WebPairs(tfds.core.GeneratorBasedBuilder):
   """Web-scale image-caption pairs: one caption per image."""
 
-  VERSION = tfds.core.Version("1.0.0")
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.1.0": "label and clean fields (tables' label/clean columns; -1 when absent); held-out splits"}
   BUILDER_CONFIGS = WEB_CONFIGS
   MANUAL_DOWNLOAD_INSTRUCTIONS = ("Point manual_dir at img2dataset output (00000.tar, ...) or, for custom_table, a "
                                   "directory holding the CSV/TSV and the images its paths refer to.")
@@ -65,30 +93,66 @@ class WebPairs(tfds.core.GeneratorBasedBuilder):
   def _info(self):
     return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
         "id": np.int64, "image": tfds.features.Tensor(**_BYTES), "caption": tfds.features.Text(),
-        "key": tfds.features.Text(), "subreddit": tfds.features.Text()}))
+        "key": tfds.features.Text(), "subreddit": tfds.features.Text(), "label": np.int64, "clean": np.int64}))
+
+  def _table_rows(self, manual_dir) -> dict[str, list[dict]]:
+    """The table's rows by split, each with its label index and clean flag (-1 when the table has none)."""
+    cfg = self.builder_config
+    extra = tuple(c for c in (*cfg.extra_columns, cfg.label_column, cfg.clean_column, cfg.split_column) if c)
+    rows = readers.read_table(os.path.join(manual_dir, cfg.table), cfg.image_column, cfg.caption_column,
+                              cfg.separator, extra_columns=tuple(dict.fromkeys(extra)))
+    names = list(cfg.class_names) or (sorted({r[cfg.label_column] for r in rows}, key=_label_order)
+                                      if cfg.label_column else [])
+    index = {n: i for i, n in enumerate(names)}
+    by_split: dict[str, list[dict]] = {}
+    for k, row in enumerate(rows):
+      label = -1
+      if cfg.label_column:
+        value = row[cfg.label_column].strip()
+        if value in index:
+          label = index[value]
+        elif value.lstrip("-").isdigit() and cfg.class_names:
+          label = int(value)
+        else:
+          raise readers.DataFormatError(f"row {k}: label {value!r} is not one of the class names {names[:20]}")
+      clean = _clean_flag(row[cfg.clean_column], k) if cfg.clean_column else -1
+      if cfg.split_column:
+        split = row[cfg.split_column].strip() or "train"
+      elif cfg.holdout > 0:
+        split = holdout_split(row["image_path"], cfg.holdout)
+      else:
+        split = "train"
+      by_split.setdefault(split, []).append(dict(row, label=label, clean=clean))
+    self.class_names_found = names
+    return by_split
 
   def _split_generators(self, dl_manager):
-    return {"train": self._generate_examples(str(dl_manager.manual_dir))}
+    manual_dir = str(dl_manager.manual_dir)
+    if self.builder_config.source == "table":
+      return {split: self._generate_examples(rows=rows) for split, rows in self._table_rows(manual_dir).items()}
+    return {"train": self._generate_examples(manual_dir=manual_dir)}
 
-  def _generate_examples(self, manual_dir):
-    cfg = self.builder_config
-    if cfg.source == "table":
-      rows = readers.read_table(os.path.join(manual_dir, cfg.table), cfg.image_column, cfg.caption_column,
-                                cfg.separator, extra_columns=cfg.extra_columns)
-      for i, row in enumerate(rows):
-        try:
-          with open(row["image_path"], "rb") as f:
-            data = f.read()
-        except OSError:
-          data = b""  # recorded as a bad record; the pipeline skips it and counts it
-        yield i, dict(id=i, image=data, caption=row["caption"], key=row["image_path"],
-                      subreddit=row.get("subreddit", ""))
+  def _generate_examples(self, rows=None, manual_dir=None):
+    """A table's rows of one split (`rows`), or every WebDataset shard under `manual_dir`."""
+    if rows is None:
+      yield from self._generate_webdataset(manual_dir)
       return
+    for i, row in enumerate(rows):
+      try:
+        with open(row["image_path"], "rb") as f:
+          data = f.read()
+      except OSError:
+        data = b""  # recorded as a bad record; the pipeline skips it and counts it
+      yield i, dict(id=i, image=data, caption=row["caption"], key=row["image_path"],
+                    subreddit=row.get("subreddit", ""), label=row["label"], clean=row["clean"])
+
+  def _generate_webdataset(self, manual_dir):
     i = 0
-    for shard in readers.wds_shards(manual_dir, cfg.shard_pattern):
-      for sample in readers.read_webdataset(shard, cfg.caption_key):
+    for shard in readers.wds_shards(manual_dir, self.builder_config.shard_pattern):
+      for sample in readers.read_webdataset(shard, self.builder_config.caption_key):
         yield i, dict(id=i, image=sample.image or b"", caption=sample.caption or "",
-                      key=f"{sample.shard}/{sample.key}", subreddit=str(sample.meta.get("subreddit", "")))
+                      key=f"{sample.shard}/{sample.key}", subreddit=str(sample.meta.get("subreddit", "")),
+                      label=-1, clean=-1)
         i += 1
 
 
@@ -244,16 +308,20 @@ def build_table(config: str | None, manual_dir: str | None, data_dir: str, **col
 
 
 def write_index(builder) -> str:
-  """One read pass (images not decoded) recording, per split, where each id lives and the caption table."""
+  """One read pass (images not decoded) recording, per split, where each id lives and the caption table (plus
+  per-image labels and per-caption clean flags where the records carry them, and the class names)."""
   arrays, captions = {}, {}
   for split in builder.info.splits:
     ds = builder.as_data_source(split=split)
     n = len(ds)
     positions = np.full(n, -1, np.int64)
+    labels, clean = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
     caption_image, subreddit = [], [""] * n
     for pos in range(n):
       rec = ds[pos]
       positions[int(rec["id"])] = pos
+      if "label" in rec and "caption" in rec:   # one caption per record: label per image, clean per caption
+        labels[int(rec["id"])], clean[int(rec["id"])] = int(rec["label"]), int(rec["clean"])
       if "subreddit" in rec:
         subreddit[int(rec["id"])] = _text(rec["subreddit"])
       if "captions" in rec:
@@ -266,14 +334,26 @@ def write_index(builder) -> str:
     caption_image.sort()
     arrays[f"{split}/positions"] = positions
     arrays[f"{split}/caption_to_image"] = np.asarray([c[1] for c in caption_image], np.int64)
+    if (labels >= 0).any():
+      arrays[f"{split}/labels"] = labels
+    if (clean >= 0).any():
+      arrays[f"{split}/clean"] = clean
     captions[split] = [c[2] for c in caption_image]
     if any(subreddit):
       captions[f"{split}:subreddit"] = subreddit
+  names = getattr(builder, "class_names_found", None) or list(getattr(builder.builder_config, "class_names", ()))
+  if names:
+    captions["class_names"] = list(names)
   path = os.path.join(builder.data_dir, INDEX_FILE)
   np.savez(path, **arrays)
   with open(os.path.join(builder.data_dir, "ncjax_captions.json"), "w", encoding="utf-8") as f:
     json.dump(captions, f)
   return path
+
+
+def _label_order(name: str):
+  """Class names sort numerically when they are integers ('2' before '10'), else alphabetically."""
+  return (0, int(name), "") if name.lstrip("-").isdigit() else (1, 0, name)
 
 
 def _text(x) -> str:

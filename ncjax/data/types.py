@@ -21,6 +21,8 @@ class PairSplit:
   class_names: tuple[str, ...] = ()
   name: str = ""
   image_meta: dict | None = None           # per-image metadata lists (e.g. 'subreddit' for RedCaps)
+  pair_clean: np.ndarray | None = None     # bool (n_captions,): a ground-truth clean flag of the data's own
+                                           # pairs (a table's clean column), for diagnostics only
 
   def __post_init__(self):
     self.caption_to_image = np.asarray(self.caption_to_image, np.int64)

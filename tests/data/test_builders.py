@@ -90,3 +90,36 @@ def test_missing_or_malformed_inputs_list_expected_and_found_files(tmp_path):
     readers.read_table(str(tmp_path / "bad.csv"))
   with pytest.raises(readers.DataFormatError, match="is not built"):
     sources.load_tfds_split("tfds:karpathy/coco", str(tmp_path / "tfds"), "test")
+
+
+def test_table_with_labels_clean_flags_and_a_held_out_split(tmp_path):
+  # The README's own-data build, every documented flag, in its own process.
+  import subprocess
+  import sys
+  from ncjax.data import tfds_builders
+  from ncjax.data.pipeline import TrainData
+  rows = fx.write_labelled_table(str(tmp_path / "pairs"))
+  proc = subprocess.run([sys.executable, "-m", "ncjax.data.build", "--dataset=web_pairs/custom_table",
+                         f"--manual_dir={tmp_path / 'pairs'}", f"--data_dir={tmp_path / 'tfds'}", "--table=pairs.csv",
+                         "--separator=,", "--image_column=path", "--caption_column=caption", "--label_column=label",
+                         f"--class_names={tmp_path / 'pairs' / 'names.txt'}", "--clean_column=clean",
+                         "--holdout=0.25"], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  expected_test = [r for r in rows if tfds_builders.holdout_split(str(tmp_path / "pairs" / r["path"]), 0.25) == "test"]
+  assert 0 < len(expected_test) < len(rows)
+  train = sources.load_tfds_split("tfds:web_pairs/custom_table", str(tmp_path / "tfds"), "train")
+  test = sources.load_tfds_split("tfds:web_pairs/custom_table", str(tmp_path / "tfds"), "test")
+  assert train.num_captions + test.num_captions == len(rows) and test.num_captions == len(expected_test)
+  assert test.captions == [r["caption"] for r in expected_test]
+  assert train.class_names == ("circle", "square", "triangle")
+  names = [test.class_names[k] for k in test.image_labels]
+  assert names == [r["label"] for r in expected_test]
+  np.testing.assert_array_equal(test.pair_clean, [bool(r["clean"]) for r in expected_test])
+  # the clean flags reach the diagnostics (noise detection), and nothing else
+  import jax
+  from ncjax import sharding as shard_lib, tokenizers
+  from ml_collections import ConfigDict
+  mesh = shard_lib.make_mesh(ConfigDict(dict(data=-1, fsdp=1)), jax.devices()[:1])
+  tok = tokenizers.build_tokenizer(train.captions, context_length=8)
+  td = TrainData(train, tok, 4, 0, mesh, image_size=16)
+  assert td.clean.tolist() == train.pair_clean.tolist() and (~td.clean).any()
