@@ -115,23 +115,19 @@ def run_region_rows() -> list[dict]:
 
 
 def format_region_table(rows) -> str:
-  head = f"{'method (region features)':<26} {'noise':>5} {'i2t R@1':>8} {'t2i R@1':>8} {'rsum':>7} {'noise AUC':>9} " \
-         f"{'time':>6}"
-  lines = [head, "-" * len(head)]
-  for r in rows:
-    lines.append(f"{r['name']:<26} {r['noise']:>5.0%} {r['i2t']:>7.1f}% {r['t2i']:>7.1f}% {r['rsum']:>7.1f} "
-                 f"{_num(r['auc'], '.3f'):>9} {r['seconds']:>5.0f}s")
-  return "\n".join(lines)
+  return render_table(
+      [("method (region features)", "left"), ("noise", "right"), ("i2t R@1", "right"), ("t2i R@1", "right"),
+       ("rsum", "right"), ("noise AUC", "right"), ("time", "right")],
+      [[r["name"], f"{r['noise']:.0%}", f"{r['i2t']:.1f}%", f"{r['t2i']:.1f}%", f"{r['rsum']:.1f}",
+        _num(r["auc"], ".3f"), f"{r['seconds']:.0f}s"] for r in rows])
 
 
 def format_concept_table(rows) -> str:
-  head = f"{'method (forget: three)':<26} {'R-acc':>7} {'F-acc':>7} {'rsum':>7} {'forget t2i R@1':>15} " \
-         f"{'retain t2i R@1':>15} {'time':>6}"
-  lines = [head, "-" * len(head)]
-  for r in rows:
-    lines.append(f"{r['name']:<26} {100 * r['R_acc']:>6.1f}% {100 * r['F_acc']:>6.1f}% {r['rsum']:>7.1f} "
-                 f"{r['forget_t2i']:>14.1f}% {r['retain_t2i']:>14.1f}% {r['seconds']:>5.0f}s")
-  return "\n".join(lines)
+  return render_table(
+      [("method (forget: three)", "left"), ("R-acc", "right"), ("F-acc", "right"), ("rsum", "right"),
+       ("forget t2i R@1", "right"), ("retain t2i R@1", "right"), ("time", "right")],
+      [[r["name"], f"{100 * r['R_acc']:.1f}%", f"{100 * r['F_acc']:.1f}%", f"{r['rsum']:.1f}",
+        f"{r['forget_t2i']:.1f}%", f"{r['retain_t2i']:.1f}%", f"{r['seconds']:.0f}s"] for r in rows])
 
 
 def run_concept_rows(workdirs) -> list[dict]:
@@ -152,14 +148,28 @@ def _num(x, fmt):
 
 
 def format_table(rows) -> str:
-  head = f"{'method':<24} {'noise':>5} {'zero-shot':>9} {'i2t R@1':>8} {'t2i R@1':>8} {'rsum':>7} " \
-         f"{'noise AUC':>9} {'forget P':>8} {'forget R':>8} {'time':>6}"
-  lines = [head, "-" * len(head)]
-  for r in rows:
-    lines.append(f"{r['name']:<24} {r['noise']:>5.0%} {100 * r['zeroshot']:>8.1f}% {r['i2t']:>7.1f}% "
-                 f"{r['t2i']:>7.1f}% {r['rsum']:>7.1f} {_num(r['auc'], '.3f'):>9} {_num(r['precision'], '.3f'):>8} "
-                 f"{_num(r['recall'], '.3f'):>8} {r['seconds']:>5.0f}s")
-  return "\n".join(lines)
+  return render_table(
+      [("method", "left"), ("noise", "right"), ("zero-shot", "right"), ("i2t R@1", "right"), ("t2i R@1", "right"),
+       ("rsum", "right"), ("noise AUC", "right"), ("forget P", "right"), ("forget R", "right"), ("time", "right")],
+      [[r["name"], f"{r['noise']:.0%}", f"{100 * r['zeroshot']:.1f}%", f"{r['i2t']:.1f}%", f"{r['t2i']:.1f}%",
+        f"{r['rsum']:.1f}", _num(r["auc"], ".3f"), _num(r["precision"], ".3f"), _num(r["recall"], ".3f"),
+        f"{r['seconds']:.0f}s"] for r in rows])
+
+
+def render_table(columns, rows) -> str:
+  """A markdown table (what results.md holds and the terminal shows), laid out by rich."""
+  import io
+  from rich import box
+  from rich.console import Console
+  from rich.table import Table
+  table = Table(box=box.MARKDOWN)
+  for name, justify in columns:
+    table.add_column(name, justify=justify, no_wrap=True)
+  for cells in rows:
+    table.add_row(*cells)
+  console = Console(file=io.StringIO(), width=240, record=True, color_system=None)
+  console.print(table)
+  return "\n".join(line.rstrip() for line in console.export_text().splitlines()).strip("\n")
 
 
 def main():

@@ -99,7 +99,10 @@ def _fmt_time(seconds: float) -> str:
 
 
 class Progress:
-  """Step progress with examples/s and ETA. Throughput excludes the first (compiling) step of a run."""
+  """Step progress with examples/s and ETA. Throughput excludes the first (compiling) step of a run.
+
+  On a terminal: a `rich` progress bar redrawn in place. In logs (not a TTY): one plain line every `every_steps`
+  steps (a redrawn bar would be a single line at the end, or control characters in the log)."""
 
   def __init__(self, total_steps: int, start_step: int, batch_size: int, enabled: bool = True,
                every_steps: int = 10, stream=None):
@@ -111,11 +114,25 @@ class Progress:
     self.t0 = None
     self.n0 = start_step
     self.last = ""
+    self._bar = self._task = None
+    if self.enabled and self.tty:
+      from rich.console import Console
+      from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn
+      self._bar = RichProgress(BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+                               console=Console(file=self.stream), auto_refresh=False)
+      self._task = self._bar.add_task("train", total=max(total_steps, 1), completed=start_step, status="compiling")
+      self._bar.start()
 
   def rate(self, step: int) -> float:
     if self.t0 is None or step <= self.n0:
       return float("nan")
     return (step - self.n0) * self.batch / (time.perf_counter() - self.t0)
+
+  def status(self, step: int, metrics: dict | None = None) -> str:
+    rate = self.rate(step)
+    eta = (self.total - step) * self.batch / rate if rate == rate and rate > 0 else float("nan")
+    loss = "" if not metrics or "loss" not in metrics else f"loss {metrics['loss']:.4f} | "
+    return f"{loss}{rate:,.0f} ex/s | ETA {_fmt_time(eta)}" if rate == rate else f"{loss}compiling"
 
   def update(self, step: int, metrics: dict | None = None):
     """`step` = number of completed steps."""
@@ -123,26 +140,21 @@ class Progress:
       self.t0, self.n0 = time.perf_counter(), step
     if not self.enabled:
       return
-    if not (self.tty or step % self.every == 0 or step == self.total):
+    if self._bar is not None:
+      self.last = self.status(step, metrics)
+      self._bar.update(self._task, completed=step, status=self.last)
+      self._bar.refresh()
       return
-    rate = self.rate(step)
-    eta = (self.total - step) * self.batch / rate if rate == rate and rate > 0 else float("nan")
+    if not (step % self.every == 0 or step == self.total):
+      return
     width = 24
     filled = int(width * step / max(self.total, 1))
-    bar = "#" * filled + "-" * (width - filled)
-    loss = "" if not metrics or "loss" not in metrics else f" loss {metrics['loss']:.4f}"
-    line = (f"[{bar}] {step}/{self.total}{loss} | {rate:,.0f} ex/s | ETA {_fmt_time(eta)}"
-            if rate == rate else f"[{bar}] {step}/{self.total}{loss} | compiling")
-    if self.tty:
-      self.stream.write("\r" + line.ljust(len(self.last)))
-      if step == self.total:
-        self.stream.write("\n")
-    else:
-      self.stream.write(line + "\n")
+    line = f"[{'#' * filled + '-' * (width - filled)}] {step}/{self.total} | {self.status(step, metrics)}"
+    self.stream.write(line + "\n")
     self.stream.flush()
     self.last = line
 
   def close(self):
-    if self.enabled and self.tty and self.last:
-      self.stream.write("\n")
-      self.stream.flush()
+    if self._bar is not None:
+      self._bar.stop()
+      self._bar = None
