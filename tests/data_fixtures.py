@@ -38,7 +38,8 @@ def write_webdataset(directory, n_per_shard=6, shards=2, corrupt=(2,), empty_cap
         _add(tar, f"{key}.jpg", b"\xff\xd8 this is not a jpeg" if i in corrupt else jpeg(i, (40 + i, 30)))
         _add(tar, f"{key}.txt", cap.encode())
         _add(tar, f"{key}.json", json.dumps({"key": key, "caption": cap,
-                                             "subreddit": "cats" if i % 3 == 0 else "pics"}).encode())
+                                             "subreddit": "cats" if i % 3 == 0 else "pics",
+                                             "label": i % 3, "clean": int(i % 4 != 0)}).encode())
         i += 1
   return captions
 

@@ -29,14 +29,16 @@ def main(argv=None) -> int:
   p.add_argument("--separator", default=None, help="custom_table: column separator (default tab)")
   p.add_argument("--image_column", default=None)
   p.add_argument("--caption_column", default=None)
-  p.add_argument("--label_column", default=None, help="custom_table: a class label per row (integer or name)")
+  p.add_argument("--label_column", default=None,
+                 help="a class label per row (table column, or WebDataset .json key): an integer or a name")
   p.add_argument("--class_names", default=None,
                  help="custom_table: a file with one class name per line (label i = line i); default: the sorted "
                       "distinct labels")
   p.add_argument("--clean_column", default=None,
-                 help="custom_table: a ground-truth clean flag per row (1/0), for noise-detection diagnostics only")
+                 help="a ground-truth clean flag per row (table column or .json key; 1/0), for noise-detection "
+                      "diagnostics only")
   p.add_argument("--holdout", type=float, default=None,
-                 help="custom_table: put this fraction of the images (with all their rows) in a 'test' split")
+                 help="put this fraction of the images (with all their rows) in a 'test' split")
   p.add_argument("--split_column", default=None, help="custom_table: an explicit split name per row")
   args = p.parse_args(argv)
   name, _, config = args.dataset.partition("/")

@@ -72,13 +72,14 @@ def holdout_split(image_path: str, fraction: float) -> str:
   return "test" if int.from_bytes(digest[:8], "big") / 2 ** 64 < fraction else "train"
 
 
-def _clean_flag(value: str, row: int) -> int:
+def _clean_flag(value, where) -> int:
   low = str(value).strip().lower()
   if low in ("1", "true", "yes", "clean"):
     return 1
   if low in ("0", "false", "no", "noisy"):
     return 0
-  raise readers.DataFormatError(f"row {row}: clean flag {value!r} is not 1/0/true/false/yes/no/clean/noisy")
+  raise readers.DataFormatError(f"{where if isinstance(where, str) else f'row {where}'}: clean flag {value!r} is not "
+                                f"1/0/true/false/yes/no/clean/noisy")
 
 
 class WebPairs(tfds.core.GeneratorBasedBuilder):
@@ -128,14 +129,18 @@ class WebPairs(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     manual_dir = str(dl_manager.manual_dir)
-    if self.builder_config.source == "table":
+    cfg = self.builder_config
+    if cfg.source == "table":
       return {split: self._generate_examples(rows=rows) for split, rows in self._table_rows(manual_dir).items()}
+    self.class_names_found = list(cfg.class_names)
+    if cfg.holdout > 0:   # held-out images by a hash of the sample key (shard/key)
+      return {split: self._generate_examples(manual_dir=manual_dir, split=split) for split in ("train", "test")}
     return {"train": self._generate_examples(manual_dir=manual_dir)}
 
-  def _generate_examples(self, rows=None, manual_dir=None):
-    """A table's rows of one split (`rows`), or every WebDataset shard under `manual_dir`."""
+  def _generate_examples(self, rows=None, manual_dir=None, split=None):
+    """A table's rows of one split (`rows`), or the WebDataset shards under `manual_dir` (of one held-out split)."""
     if rows is None:
-      yield from self._generate_webdataset(manual_dir)
+      yield from self._generate_webdataset(manual_dir, split)
       return
     for i, row in enumerate(rows):
       try:
@@ -146,13 +151,35 @@ class WebPairs(tfds.core.GeneratorBasedBuilder):
       yield i, dict(id=i, image=data, caption=row["caption"], key=row["image_path"],
                     subreddit=row.get("subreddit", ""), label=row["label"], clean=row["clean"])
 
-  def _generate_webdataset(self, manual_dir):
+  def _webdataset_label(self, meta: dict, where: str) -> tuple[int, int]:
+    """(label, clean) of a WebDataset sample from its .json (the configured keys; -1 when not configured).
+    Labels are integers, or names listed in class_names (a web-scale build cannot look ahead for the names)."""
+    cfg = self.builder_config
+    label = clean = -1
+    if cfg.label_column:
+      value = str(meta.get(cfg.label_column, "")).strip()
+      if value in cfg.class_names:
+        label = list(cfg.class_names).index(value)
+      elif value.lstrip("-").isdigit():
+        label = int(value)
+      else:
+        raise readers.DataFormatError(f"{where}: label {value!r} (json key {cfg.label_column!r}) is neither an "
+                                      f"integer nor one of --class_names")
+    if cfg.clean_column:
+      clean = _clean_flag(meta.get(cfg.clean_column, ""), where)
+    return label, clean
+
+  def _generate_webdataset(self, manual_dir, split=None):
+    cfg = self.builder_config
     i = 0
-    for shard in readers.wds_shards(manual_dir, self.builder_config.shard_pattern):
-      for sample in readers.read_webdataset(shard, self.builder_config.caption_key):
-        yield i, dict(id=i, image=sample.image or b"", caption=sample.caption or "",
-                      key=f"{sample.shard}/{sample.key}", subreddit=str(sample.meta.get("subreddit", "")),
-                      label=-1, clean=-1)
+    for shard in readers.wds_shards(manual_dir, cfg.shard_pattern):
+      for sample in readers.read_webdataset(shard, cfg.caption_key):
+        key = f"{sample.shard}/{sample.key}"
+        if split is not None and holdout_split(key, cfg.holdout) != split:
+          continue
+        label, clean = self._webdataset_label(sample.meta, key)
+        yield i, dict(id=i, image=sample.image or b"", caption=sample.caption or "", key=key,
+                      subreddit=str(sample.meta.get("subreddit", "")), label=label, clean=clean)
         i += 1
 
 
@@ -286,8 +313,9 @@ def build(name: str, config: str | None, manual_dir: str | None, data_dir: str):
 
 
 def build_table(config: str | None, manual_dir: str | None, data_dir: str, **columns):
-  """web_pairs from a CSV/TSV table with this table's file name, separator and columns (`columns`: table, separator,
-  image_column, caption_column; None keeps the config's default). The built dataset reads back as
+  """web_pairs with these options (`columns`: a table's file name, separator, image / caption / label / clean /
+  split columns, class names, holdout; for WebDataset shards the label / clean keys of each sample's .json and the
+  holdout; None keeps the config's default). The built dataset reads back as
   web_pairs/<config>. The builder class is made here, not in the caller: tfds locates a builder through its module,
   which must be an importable package module (a class defined in `python -m ncjax.data.build`'s __main__ is not)."""
   if not manual_dir or not os.path.isdir(manual_dir):

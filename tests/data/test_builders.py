@@ -123,3 +123,16 @@ def test_table_with_labels_clean_flags_and_a_held_out_split(tmp_path):
   tok = tokenizers.build_tokenizer(train.captions, context_length=8)
   td = TrainData(train, tok, 4, 0, mesh, image_size=16)
   assert td.clean.tolist() == train.pair_clean.tolist() and (~td.clean).any()
+
+
+def test_webdataset_json_labels_clean_flags_and_held_out_split(tmp_path):
+  from ncjax.data import tfds_builders
+  fx.write_webdataset(str(tmp_path / "wds"))
+  tfds_builders.build_table("custom", str(tmp_path / "wds"), str(tmp_path / "tfds"), label_column="label",
+                            clean_column="clean", holdout=0.3)
+  splits = {s: sources.load_tfds_split("tfds:web_pairs/custom", str(tmp_path / "tfds"), s) for s in ("train", "test")}
+  keys = [f"{s:05d}.tar/{s:05d}{i:04d}" for s in range(2) for i in range(s * 6, s * 6 + 6)]
+  held = [i for i, k in enumerate(keys) if tfds_builders.holdout_split(k, 0.3) == "test"]
+  assert splits["test"].num_captions == len(held) and splits["train"].num_captions == 12 - len(held)
+  np.testing.assert_array_equal(splits["test"].image_labels, [i % 3 for i in held])
+  np.testing.assert_array_equal(splits["test"].pair_clean, [i % 4 != 0 for i in held])
