@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ncjax.losses import disncl as L
-from ncjax.methods.base import EvalModel, ParamGroup, Stage, Update
+from ncjax.methods.base import ParamGroup, Stage, Update
 from ncjax.methods.registry import register
 from ncjax.methods.sgraf import RegionMethod
 from ncjax import models
@@ -65,7 +65,9 @@ class PairCritic(nnx.Module):
     return self.l3(jax.nn.leaky_relu(self.l2(h), 0.2))[..., 0]
 
 
-class DisNCLModel(nnx.Module):
+class DisNCLModel(sgraf.RegionScoring, nnx.Module):
+  """Encoders, disentangling MLPs, the SGRAF head on the invariant subspace (similarity / pair_score from
+  `RegionScoring`) and the pair critics."""
 
   def __init__(self, *, spec: dict, vocab_size: int, pad_id: int, subspace_dim: int, hidden: int,
                critic_pool: str = "mean", rngs: nnx.Rngs):
@@ -115,14 +117,6 @@ class DisNCLModel(nnx.Module):
     f_t, mask = self.txt(tokens)
     return sgraf.pack_text(sgraf.l2norm(self.g_s(f_t)) * f32(mask)[..., None], mask)
 
-  def similarity(self, img, txt):
-    words, mask = sgraf.unpack_text(txt)
-    return self.head.matrix(img, words, mask, pairs_per_step=self.pairs_per_step)
-
-  def pair_score(self, img, txt):
-    words, mask = sgraf.unpack_text(txt)
-    return self.head.pair_scores(img, words, mask)
-
   # --- MI terms ---------------------------------------------------------------------------------------------------
   def terms(self, pooled) -> L.DisentangleTerms:
     p = pooled
@@ -138,7 +132,7 @@ class DisNCLModel(nnx.Module):
 class DisNCL(RegionMethod):
 
   def create_modules(self):
-    super().create_modules()   # checks the model config names a region model
+    self.check_region_model()
     tok, mc = self.tokenizer, self.config.method
     return {"model": DisNCLModel(spec=models.region_spec(self.config.model), vocab_size=tok.vocab_size,
                                  pad_id=tok.pad_id, subspace_dim=mc.subspace_dim, hidden=mc.hidden,
@@ -202,8 +196,3 @@ class DisNCL(RegionMethod):
                                                              self.default_param_groups()),)))
     stages.append(Stage("train", self.config.num_epochs, (adversary, main)))
     return tuple(stages)
-
-  def eval_model(self, params):
-    model = self.bind(params).model
-    return EvalModel(encode_image=model.encode_image, encode_text=model.encode_text, score=model.similarity,
-                     pair_score=model.pair_score)

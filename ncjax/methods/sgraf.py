@@ -25,10 +25,13 @@ def region_eval_model(model) -> EvalModel:
 class RegionMethod(Method):
   """A method over one region retrieval model named 'model' (config.model.image_type = 'regions')."""
 
-  def create_modules(self):
+  def check_region_model(self):
     if not models.is_region_model(self.config.model):
       raise ValueError(f"method {self.name!r} runs on region features: set model.image_type='regions' and "
                        f"model.text_type='bigru' (configs/{self.name}.py does), not {self.config.model.image_type!r}")
+
+  def create_modules(self):
+    self.check_region_model()
     tok = self.tokenizer
     return {"model": models.build_model(self.config.model, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
                                         pad_id=tok.pad_id, seed=self.config.seed)}

@@ -123,8 +123,8 @@ def region_spec(model_config) -> dict:
 
 def build_model(cfg, *, vocab_size: int, eot_id: int, pad_id: int = 0, seed: int = 0) -> nnx.Module:
   """The model `config.model` asks for: a TwoTower, or (image_type 'regions', text_type 'bigru') SGRAF's region
-  retrieval model (ncjax.models.sgraf). Both expose encode_image / encode_text / similarity / score / pair_score /
-  image_structure / text_structure."""
+  retrieval model (ncjax.models.sgraf). Both expose encode_image / encode_text / similarity / score /
+  image_structure / text_structure (and the region model pair_score: the score of aligned pairs)."""
   if is_region_model(cfg):
     if _get(cfg, "text_type") != "bigru":
       raise ValueError(f"model.image_type='regions' pairs with model.text_type='bigru', not {cfg.text_type!r}")

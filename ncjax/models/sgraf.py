@@ -256,7 +256,23 @@ def unpack_text(packed):
   return packed[..., :-1], packed[..., -1] > 0.5
 
 
-class RegionRetrievalModel(nnx.Module):
+class RegionScoring:
+  """The learned-similarity half of a region model: `self.head` (a SimilarityHead) over image region features and
+  packed caption word features (`pack_text`), `self.pairs_per_step` pairs at a time."""
+
+  def similarity(self, img, txt):
+    words, mask = unpack_text(txt)
+    return self.head.matrix(img, words, mask, pairs_per_step=self.pairs_per_step)
+
+  def score(self, img, txt):
+    return self.similarity(img, txt)
+
+  def pair_score(self, img, txt):
+    words, mask = unpack_text(txt)
+    return self.head.pair_scores(img, words, mask)
+
+
+class RegionRetrievalModel(RegionScoring, nnx.Module):
   """SGRAF: region encoder, bi-GRU text encoder and a learned similarity head.
 
   encode_image -> (B, R, D) region features; encode_text -> (B, L, D + 1) word features packed with their mask;
@@ -276,16 +292,6 @@ class RegionRetrievalModel(nnx.Module):
 
   def encode_text(self, tokens, rng=None):
     return pack_text(*self.txt(tokens, rng))
-
-  def similarity(self, img, txt):
-    words, mask = unpack_text(txt)
-    return self.head.matrix(img, words, mask, pairs_per_step=self.pairs_per_step)
-
-  score = similarity
-
-  def pair_score(self, img, txt):
-    words, mask = unpack_text(txt)
-    return self.head.pair_scores(img, words, mask)
 
   def image_structure(self, img):
     return self.head.intra_image(img)

@@ -77,10 +77,6 @@ class TwoTower(nnx.Module):
   def paired_similarity(self, image_emb, text_emb):
     return self.geometry.paired_similarity(image_emb, text_emb)
 
-  def pair_score(self, image_emb, text_emb):
-    """The score of aligned pairs (n,) (what noise detection ranks training pairs by)."""
-    return self.geometry.paired_similarity(image_emb, text_emb)
-
   def image_structure(self, image_emb):
     """Image-image structure (GSC's A): cosine similarities of the batch's image embeddings."""
     return image_emb @ image_emb.T
