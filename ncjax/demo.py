@@ -23,6 +23,8 @@ import shutil
 import sys
 import time
 
+from ncjax.logging_utils import render_table  # noqa: E402  (re-exported: the demo's and NC-bench's tables)
+
 RESULTS_DIR = os.environ.get("NCJAX_DEMO_DIR", "demo_out")
 
 
@@ -154,22 +156,6 @@ def format_table(rows) -> str:
       [[r["name"], f"{r['noise']:.0%}", f"{100 * r['zeroshot']:.1f}%", f"{r['i2t']:.1f}%", f"{r['t2i']:.1f}%",
         f"{r['rsum']:.1f}", _num(r["auc"], ".3f"), _num(r["precision"], ".3f"), _num(r["recall"], ".3f"),
         f"{r['seconds']:.0f}s"] for r in rows])
-
-
-def render_table(columns, rows) -> str:
-  """A markdown table (what results.md holds and the terminal shows), laid out by rich."""
-  import io
-  from rich import box
-  from rich.console import Console
-  from rich.table import Table
-  table = Table(box=box.MARKDOWN)
-  for name, justify in columns:
-    table.add_column(name, justify=justify, no_wrap=True)
-  for cells in rows:
-    table.add_row(*cells)
-  console = Console(file=io.StringIO(), width=240, record=True, color_system=None)
-  console.print(table)
-  return "\n".join(line.rstrip() for line in console.export_text().splitlines()).strip("\n")
 
 
 def main():

@@ -158,3 +158,19 @@ class Progress:
     if self._bar is not None:
       self._bar.stop()
       self._bar = None
+
+
+def render_table(columns, rows) -> str:
+  """A markdown table (what results.md holds and the terminal shows), laid out by rich."""
+  import io
+  from rich import box
+  from rich.console import Console
+  from rich.table import Table
+  table = Table(box=box.MARKDOWN)
+  for name, justify in columns:
+    table.add_column(name, justify=justify, no_wrap=True)
+  for cells in rows:
+    table.add_row(*cells)
+  console = Console(file=io.StringIO(), width=240, record=True, color_system=None)
+  console.print(table)
+  return "\n".join(line.rstrip() for line in console.export_text().splitlines()).strip("\n")

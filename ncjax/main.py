@@ -5,6 +5,8 @@
   ncjax eval --checkpoints=WORKDIR[,WORKDIR2/checkpoints/400] [--config=...]   (evaluate saved checkpoints)
   ncjax eval --init=open_clip:PATH [--config=configs/clip.py] --output=DIR     (evaluate a pretrained model)
   ncjax export --checkpoint=WORKDIR[:STEP] --format=open_clip|hf --output=DIR  (back to PyTorch tools)
+  ncjax ncbench --config=configs/ncbench.py:noise=0.2+0.4,seeds=3,methods=clip+ncu+gsc --workdir=DIR
+                                                  (every method on the same noise, data and budget)
 
 Re-running with the same workdir resumes from its latest checkpoint. `--cpu_devices=8` simulates 8 devices on a
 CPU host; `--num_processes/--process_id/--coordinator_address` start one process of a multi-process run (on a
@@ -13,10 +15,8 @@ cluster `jax.distributed.initialize()` auto-detects these and the flags can be o
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import sys
 
 from absl import app, flags
@@ -44,7 +44,29 @@ _FORMAT = flags.DEFINE_enum("format", "open_clip", ["open_clip", "hf"], "export:
 _MODULE = flags.DEFINE_string("module", "model", "export: which two-tower module of the method ('model'; 'net_a' "
                               "or 'net_b' for GSC+)")
 
-COMMANDS = ("train", "eval", "export")
+COMMANDS = ("train", "eval", "export", "ncbench")
+
+
+def _runner():
+  """ncjax.evals.runner, imported when first needed (the CLI configures devices before JAX's backend starts)."""
+  from ncjax.evals import runner
+  return runner
+
+
+def run_evaluations(config, **kwargs) -> dict:
+  return _runner().run_evaluations(config, **kwargs)
+
+
+def evaluate_state(config, exp, state, workdir: str) -> dict:
+  return _runner().evaluate_state(config, exp, state, workdir)
+
+
+def final_evaluation(config, result, workdir: str) -> dict:
+  return _runner().final_evaluation(config, result, workdir)
+
+
+def check_final_evaluators(config, exp) -> None:
+  _runner().check_final_evaluators(config, exp)
 
 
 def _quiet_logging():
@@ -86,46 +108,6 @@ def make_periodic_evaluator(config, trainer):
   return evaluate
 
 
-def run_evaluations(config, *, tokenizer, mesh, method, state, out_dir: str, step: int, experiment=None,
-                    info: dict | None = None) -> dict:
-  """Run every evaluator of config.evals on `state`; write OUT_DIR/step_N.json (+ plots) on process 0."""
-  import jax
-  from ncjax import evals
-  ctx = evals.EvalContext(config, tokenizer, mesh, experiment=experiment,
-                          plot_dir=out_dir if jax.process_index() == 0 else None, tag=f"step_{step}")
-  evaluators = evals.build_evaluators(config.evals, ctx)
-  results = evals.run_evaluators(evaluators, method.eval_model(state["params"]), state)
-  if jax.process_index() == 0 and results:
-    os.makedirs(out_dir, exist_ok=True)
-    model = config.model.get("pretrained", "") or config.model.size
-    records = evals.clip_benchmark_records(results, evaluators, model=f"{method.name}:{model}",
-                                           dataset=config.input.dataset)
-    with open(os.path.join(out_dir, f"step_{step}.json"), "w") as f:
-      json.dump(evals.finite_or_none(dict(step=step, method=method.name, **(info or {}), results=results,
-                                          records=records)), f, indent=1, allow_nan=False)
-  return results
-
-
-def eval_dir(config, exp, workdir: str) -> str:
-  """WORKDIR/eval for the run's own data; WORKDIR/eval/<dataset>[_<data_dir>] when the config evaluates other
-  data (`ncjax eval --config=... --config.input.data_dir=...`), so no dataset overwrites another's results."""
-  own, asked = exp.config.input, config.input
-  if (asked.dataset, asked.data_dir) == (own.dataset, own.data_dir):
-    return os.path.join(workdir, "eval")
-  slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{asked.dataset}_{os.path.basename(asked.data_dir.rstrip('/'))}")
-  return os.path.join(workdir, "eval", slug.strip("_"))
-
-
-def evaluate_state(config, exp, state, workdir: str) -> dict:
-  """Run every evaluator of config.evals on a train state; write eval/step_N.json (+ plots) under workdir."""
-  import jax
-  step = int(jax.device_get(state["step"]))
-  return run_evaluations(config, tokenizer=exp.tokenizer, mesh=exp.mesh, method=exp.method, state=state,
-                         out_dir=eval_dir(config, exp, workdir), step=step, experiment=exp,
-                         info=dict(workdir=os.path.abspath(workdir), noise_sha256=exp.train_data.noise_sha256,
-                                   dataset=config.input.dataset))
-
-
 def evaluate_pretrained(config, spec: str, output: str) -> dict:
   """Evaluate an imported checkpoint as it is (no training): the evaluators of `config` (noise detection, which
   needs training pairs, is left out) on the model `spec` describes; writes OUTPUT/eval/step_0.json."""
@@ -147,10 +129,6 @@ def evaluate_pretrained(config, spec: str, output: str) -> dict:
   state = dict(params=params, method_state={})
   return run_evaluations(config, tokenizer=tokenizer, mesh=mesh, method=method, state=state,
                          out_dir=os.path.join(output, "eval"), step=0, info=dict(init=spec))
-
-
-def final_evaluation(config, result, workdir: str) -> dict:
-  return evaluate_state(config, result.experiment, result.state, workdir)
 
 
 def expand_checkpoints(spec: str) -> list[tuple[str, int]]:
@@ -256,13 +234,6 @@ def write_summary(rows: list[dict], out_dir: str) -> tuple[str, str]:
   return md_path, csv_path
 
 
-def check_final_evaluators(config, exp) -> None:
-  """Fail in seconds, not after training: every evaluator of config.evals loads its data now."""
-  from ncjax import evals
-  evals.check_evaluators(evals.build_evaluators(config.evals, evals.EvalContext(config, exp.tokenizer, exp.mesh,
-                                                                                 experiment=exp)))
-
-
 def train_command(config, workdir: str):
   from ncjax import train
   trainer = train.Trainer(config, workdir)
@@ -321,6 +292,10 @@ def main(argv):
     raise app.UsageError("--workdir is required")
   _init_jax()
   logging.getLogger("ncjax").setLevel(logging.INFO)
+  if command == "ncbench":
+    from ncjax import ncbench
+    ncbench.run(_CONFIG.value, _WORKDIR.value)
+    return
   if command == "train":
     from ncjax.checkpoint import CheckpointWriteError
     from ncjax.evals import EvaluatorConfigError

@@ -46,7 +46,8 @@ class NoiseDetection(Evaluator):
   them, else the model's similarity of each training pair as the loss saw it.
 
   Args:
-    plot: write the clean-vs-noisy histogram PNG.
+    plot: write the clean-vs-noisy histogram PNG, and the scores with the clean flags beside it
+      (`<tag>_clean_scores.npz`, what NC-bench draws ROC curves from).
   """
   task = "noise_detection"
 
@@ -75,6 +76,8 @@ class NoiseDetection(Evaluator):
     path = self.context.plot_path("clean_noisy")
     if path and self.plot:
       plots.plot_clean_noisy_histogram(scores, td.clean, path, f"{exp.method.name}: training pairs")
+      np.savez_compressed(path[:-len("clean_noisy.png")] + "clean_scores.npz", scores=np.asarray(scores, np.float32),
+                          clean=np.asarray(td.clean, bool))
     return metrics
 
 

@@ -72,3 +72,36 @@ def plot_norm_distributions(norms: dict, path: str, title: str = "") -> str:
   for (label, v) in zip(norms, values):
     ax.hist(v, bins=bins, alpha=0.5, density=True, label=f"{label} (n={len(v)})")
   return _finish(plt, fig, ax, path, "Lorentz norm d(O, x)", "density", title or "embedding norms")
+
+
+def roc_curve(scores, positive) -> tuple[np.ndarray, np.ndarray]:
+  """(false-positive rate, true-positive rate) of `scores` ranking the `positive` items first (ties together)."""
+  scores = np.asarray(scores, np.float64)
+  positive = np.asarray(positive, bool)
+  order = np.argsort(-scores, kind="stable")
+  s, p = scores[order], positive[order]
+  last_of_tie = np.r_[np.flatnonzero(np.diff(s) != 0), len(s) - 1]
+  tp = np.cumsum(p)[last_of_tie]
+  fp = np.cumsum(~p)[last_of_tie]
+  return (np.r_[0.0, fp / max(int((~positive).sum()), 1)], np.r_[0.0, tp / max(int(positive.sum()), 1)])
+
+
+def plot_roc_curves(curves: dict, path: str, title: str = "") -> str:
+  """Noise-detection ROC curves, one per method: {label: (scores, clean)}; clean pairs are the positives."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(5, 5))
+  for label, (scores, clean) in curves.items():
+    fpr, tpr = roc_curve(scores, clean)
+    ax.plot(fpr, tpr, label=label)
+  ax.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1)
+  return _finish(plt, fig, ax, path, "noisy pairs ranked as clean (FPR)", "clean pairs ranked as clean (TPR)",
+                 title or "noise detection ROC")
+
+
+def plot_metric_vs_noise(series: dict, path: str, ylabel: str, title: str = "") -> str:
+  """{method: (noise levels, means, stds)} as lines with error bars."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for label, (x, mean, std) in series.items():
+    ax.errorbar(np.asarray(x) * 100, mean, yerr=std, marker="o", capsize=3, label=label)
+  return _finish(plt, fig, ax, path, "noise (% of pairs)", ylabel, title or f"{ylabel} vs noise")

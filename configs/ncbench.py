@@ -1,0 +1,26 @@
+"""NC-bench: every listed method on the same noise, data, seeds and budget (ncjax/ncbench.py).
+
+  ncjax ncbench --config=configs/ncbench.py:noise=0.2+0.4+0.6,seeds=3,methods=clip+ncu+gsc+bayes \\
+      --workdir=/runs/ncbench --cpu_devices=8
+  ncjax ncbench --config=configs/ncbench.py:data=tfds:web_pairs/custom_table,noise=0+0.2+0.4,methods=clip+gsc \\
+      --config.bench.data_dir=/data/tfds --workdir=/runs/ncbench_mine
+  ncjax ncbench --config=configs/ncbench.py:data=precomp_synthetic,methods=sgraf+gsc_sgraf+disncl --workdir=...
+Arguments: data (any dataset the data layer reads), noise (levels joined by '+'), seeds, methods (joined by '+':
+clip, siglip, ncu, ncu_ga, gsc, gsc_plus, bayes, sgraf, gsc_sgraf, disncl), epochs and batch (the same budget for
+every method; default: each method's own config).
+"""
+
+import ml_collections
+
+from ncjax import config_lib
+from ncjax.config_lib import optional
+
+
+def get_config(arg=None):
+  a = config_lib.parse_arg(arg, data="digits", data_dir="", noise="0.2+0.4+0.6", seeds=1,
+                           methods="clip+ncu+gsc+bayes", epochs=optional(int), batch=optional(int))
+  c = ml_collections.ConfigDict()
+  c.bench = ml_collections.ConfigDict(dict(
+      data=a.data, data_dir=a.data_dir, noise=tuple(float(x) for x in config_lib.plus_list(a.noise)),
+      seeds=int(a.seeds), methods=config_lib.plus_list(a.methods), epochs=a.epochs or 0, batch=a.batch or 0))
+  return config_lib.lock(c)

@@ -1,0 +1,243 @@
+"""NC-bench: every listed method on the same data, the same noise, the same initialisation seed and the same
+budget, evaluated by the same evaluators; a table with mean ± std over seeds, and curves.
+
+  ncjax ncbench --config=configs/ncbench.py:noise=0.2+0.4+0.6,seeds=3,methods=clip+ncu+gsc+bayes \\
+      --workdir=/runs/ncbench_digits --cpu_devices=8
+
+For every (noise level, seed) cell row, each method's run gets `noise.seed = seed` and `seed = seed`, so all
+methods train on the *same* noisy pairs (the noise index's sha256 is recorded per run and checked equal across
+the methods of a cell) from the same parameter-initialisation seed. NCU and gradient ascent unlearn the CLIP run
+of their own cell (they need a trained model: the paper's setting). `epochs` (when given) replaces every method's
+epoch count (NCU: its unlearning stage). Each run lives in WORKDIR/runs/<method>_noise<r>_seed<s>/ and writes
+`cell.json` when it is done: a re-run skips finished cells, and a killed run resumes from its checkpoint.
+
+Outputs under WORKDIR: results.csv (one row per run), results.md (mean ± std over seeds per method and noise
+level), metric_vs_noise_<metric>.png, roc_noise<r>.png (noise-detection ROC curves of every method, seed 0), and
+each run's own plots (clean-vs-noisy histograms) under runs/*/eval/.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import time
+
+import numpy as np
+
+# name -> (config file, extra config arguments, the method whose run of the same cell it starts from)
+METHODS = {
+    "clip": ("clip", "", None),
+    "siglip": ("siglip", "", None),
+    "ncu": ("ncu", "", "clip"),
+    "ncu_ga": ("ncu", "method=ncu_ga", "clip"),
+    "gsc": ("gsc", "", None),
+    "gsc_plus": ("gsc", "coteach=true", None),
+    "bayes": ("bayes", "", None),
+    "sgraf": ("sgraf", "", None),
+    "gsc_sgraf": ("gsc", "backbone=sgraf", None),
+    "disncl": ("disncl", "", None),
+}
+# The metrics the table and the curves show (evaluator/metric), when the runs report them.
+KEY_METRICS = ("zeroshot/acc1", "retrieval/rsum", "retrieval/i2t_R@1", "retrieval/t2i_R@1", "noise_detection/auc")
+
+
+@dataclasses.dataclass
+class Cell:
+  method: str
+  noise: float
+  seed: int
+
+  @property
+  def name(self) -> str:
+    return f"{self.method}_noise{self.noise:g}_seed{self.seed}"
+
+
+def cells_of(bench) -> list[Cell]:
+  """Every run of the sweep, dependencies first (a method's start run comes before it)."""
+  unknown = [m for m in bench.methods if m not in METHODS]
+  if unknown:
+    raise ValueError(f"unknown NC-bench method(s) {unknown}; known: {sorted(METHODS)}")
+  methods = list(bench.methods)
+  for m in list(methods):
+    start = METHODS[m][2]
+    if start and start not in methods:
+      methods.insert(0, start)     # NCU needs the CLIP run of its cell even when CLIP is not listed
+  order = sorted(methods, key=lambda m: (METHODS[m][2] is not None, methods.index(m)))
+  return [Cell(m, float(r), int(s)) for r in bench.noise for s in range(int(bench.seeds)) for m in order]
+
+
+def cell_config(bench, cell: Cell, workdir: str):
+  """The run config of one cell: the method's config file with the bench's data, noise, seed and budget."""
+  from ncjax import config_lib
+  config_name, extra, start = METHODS[cell.method]
+  args = [extra, f"data={bench.data}", f"noise={cell.noise:g}"]
+  if bench.epochs:
+    args.append(f"epochs={int(bench.epochs)}")
+  if bench.batch:
+    args.append(f"batch={int(bench.batch)}")
+  if start:
+    args.append(f"init={run_dir(workdir, Cell(start, cell.noise, cell.seed))}")
+  cfg = config_lib.load_config_file(config_name, ",".join(a for a in args if a))
+  with cfg.unlocked():
+    cfg.seed = cell.seed
+    cfg.noise.seed = cell.seed
+    cfg.input.shuffle_seed = cell.seed
+    if bench.data_dir:
+      cfg.input.data_dir = bench.data_dir
+    cfg.log.progress = False
+  return cfg
+
+
+def run_dir(workdir: str, cell: Cell) -> str:
+  return os.path.join(workdir, "runs", cell.name)
+
+
+def flat_metrics(results: dict) -> dict:
+  return {f"{ev}/{k}": v for ev, metrics in results.items() for k, v in metrics.items()
+          if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def run_cell(bench, cell: Cell, workdir: str) -> dict:
+  """Train and evaluate one cell (resuming a killed run), or load it if finished; returns its record."""
+  from ncjax import train
+  from ncjax.evals import finite_or_none, runner
+  out = run_dir(workdir, cell)
+  done = os.path.join(out, "cell.json")
+  if os.path.isfile(done):
+    with open(done) as f:
+      return json.load(f)
+  cfg = cell_config(bench, cell, workdir)
+  t0 = time.perf_counter()
+  result = train.train(cfg, out)
+  results = runner.final_evaluation(cfg, result, out)
+  record = dict(method=cell.method, noise=cell.noise, seed=cell.seed,
+                noise_sha256=result.experiment.train_data.noise_sha256,
+                steps=int(result.experiment.steps_per_epoch), seconds=round(time.perf_counter() - t0, 1),
+                metrics=flat_metrics(results))
+  tmp = done + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(finite_or_none(record), f, indent=1, allow_nan=False)
+  os.replace(tmp, done)   # a cell counts as done only once its record is whole
+  return record
+
+
+def check_same_noise(records: list[dict]) -> None:
+  """Every method of a (noise, seed) row trained on the same noisy pairs."""
+  by_row = {}
+  for r in records:
+    by_row.setdefault((r["noise"], r["seed"]), set()).add(r["noise_sha256"])
+  bad = {k: v for k, v in by_row.items() if len(v) > 1}
+  if bad:
+    raise RuntimeError(f"methods of the same cell trained on different noise indices: {bad}")
+
+
+def aggregate(records: list[dict]) -> list[dict]:
+  """Mean and std over seeds of every metric, per (method, noise)."""
+  groups = {}
+  for r in records:
+    groups.setdefault((r["method"], r["noise"]), []).append(r)
+  rows = []
+  for (method, noise), rs in groups.items():
+    row = dict(method=method, noise=noise, seeds=len(rs))
+    for key in sorted({k for r in rs for k in r["metrics"]}):
+      values = [r["metrics"][key] for r in rs if r["metrics"].get(key) is not None]
+      if values:
+        row[key] = (float(np.mean(values)), float(np.std(values)))
+    rows.append(row)
+  return rows
+
+
+def write_csv(records: list[dict], path: str) -> str:
+  keys = sorted({k for r in records for k in r["metrics"]})
+  with open(path, "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["method", "noise", "seed", "noise_sha256", "seconds"] + keys)
+    for r in records:
+      w.writerow([r["method"], r["noise"], r["seed"], r["noise_sha256"], r["seconds"]]
+                 + [r["metrics"].get(k, "") for k in keys])
+  return path
+
+
+def format_markdown(rows: list[dict]) -> str:
+  from ncjax.logging_utils import render_table
+  keys = [k for k in KEY_METRICS if any(k in r for r in rows)]
+
+  def cell(v, key):
+    if v is None:
+      return "-"
+    mean, std = v
+    scale = 100.0 if key.endswith("acc1") else 1.0
+    return f"{scale * mean:.1f} ± {scale * std:.1f}" if not key.endswith("auc") else f"{mean:.3f} ± {std:.3f}"
+
+  return render_table([("method", "left"), ("noise", "right"), ("seeds", "right")] + [(k, "right") for k in keys],
+                      [[r["method"], f"{r['noise']:.0%}", str(r["seeds"])] + [cell(r.get(k), k) for k in keys]
+                       for r in sorted(rows, key=lambda r: (r["noise"], r["method"]))])
+
+
+def write_plots(rows: list[dict], records: list[dict], workdir: str) -> list[str]:
+  from ncjax.evals import plots
+  paths = []
+  for key in KEY_METRICS:
+    series = {}
+    for method in dict.fromkeys(r["method"] for r in rows):
+      pts = sorted((r["noise"], *r[key]) for r in rows if r["method"] == method and key in r)
+      if pts:
+        x, mean, std = zip(*pts)
+        series[method] = (x, mean, std)
+    if series:
+      path = os.path.join(workdir, f"metric_vs_noise_{key.replace('/', '_')}.png")
+      paths.append(plots.plot_metric_vs_noise(series, path, key))
+  for noise in sorted({r["noise"] for r in records}):
+    curves = {}
+    for r in records:
+      if r["noise"] != noise or r["seed"] != 0:
+        continue
+      found = _score_file(run_dir(workdir, Cell(r["method"], r["noise"], r["seed"])))
+      if found:
+        data = np.load(found)
+        if (~data["clean"]).any() and data["clean"].any():
+          curves[r["method"]] = (data["scores"], data["clean"])
+    if curves:
+      paths.append(plots.plot_roc_curves(curves, os.path.join(workdir, f"roc_noise{noise:g}.png"),
+                                         f"noise detection at {noise:.0%} noise (seed 0)"))
+  return paths
+
+
+def _score_file(run: str) -> str | None:
+  eval_dir = os.path.join(run, "eval")
+  if not os.path.isdir(eval_dir):
+    return None
+  found = sorted(f for f in os.listdir(eval_dir) if f.endswith("_clean_scores.npz"))
+  return os.path.join(eval_dir, found[-1]) if found else None
+
+
+def run(config, workdir: str, log=print) -> dict:
+  """The whole sweep (resumable); returns {'records', 'rows', 'table', 'plots'}."""
+  bench = config.bench
+  cells = cells_of(bench)
+  os.makedirs(workdir, exist_ok=True)
+  records, t_start, trained = [], time.perf_counter(), 0
+  for k, cell in enumerate(cells):
+    finished = os.path.isfile(os.path.join(run_dir(workdir, cell), "cell.json"))
+    t0 = time.perf_counter()
+    records.append(run_cell(bench, cell, workdir))
+    if not finished:
+      trained += 1
+    per_cell = (time.perf_counter() - t_start) / max(trained, 1)
+    remaining = sum(1 for c in cells[k + 1:] if not os.path.isfile(os.path.join(run_dir(workdir, c), "cell.json")))
+    eta = per_cell * remaining
+    took = "done before" if finished else f"{time.perf_counter() - t0:.0f}s"
+    log(f"[ncbench] {k + 1}/{len(cells)} {cell.name}: {took} | ETA {int(eta // 60)}:{int(eta % 60):02d}")
+  check_same_noise(records)
+  rows = aggregate(records)
+  write_csv(records, os.path.join(workdir, "results.csv"))
+  table = format_markdown(rows)
+  with open(os.path.join(workdir, "results.md"), "w") as f:
+    f.write(f"NC-bench on {bench.data}: mean ± std over {int(bench.seeds)} seed(s); zero-shot in %, rsum in "
+            f"points, noise AUC of each method's clean score\n\n{table}\n")
+  paths = write_plots(rows, records, workdir)
+  log(table)
+  log(f"results.csv, results.md and {len(paths)} plots under {workdir}")
+  return dict(records=records, rows=rows, table=table, plots=paths)

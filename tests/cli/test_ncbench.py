@@ -1,0 +1,65 @@
+"""NC-bench: the sweep's cells, the same noise per cell, aggregation over seeds, curves, and resume by skipping."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from helpers import load_config
+from ncjax import ncbench
+from ncjax.evals import noise as noise_eval, plots
+
+
+def test_cells_put_each_methods_start_run_first_and_refuse_unknown_methods():
+  cfg = load_config("ncbench", "methods=gsc+ncu,noise=0.2+0.4,seeds=2")
+  cells = ncbench.cells_of(cfg.bench)
+  assert [c.name for c in cells[:3]] == ["clip_noise0.2_seed0", "gsc_noise0.2_seed0", "ncu_noise0.2_seed0"]
+  assert len(cells) == 2 * 2 * 3           # CLIP joins: NCU unlearns the CLIP run of its own cell
+  run_cfg = ncbench.cell_config(cfg.bench, cells[2], "/tmp/bench")
+  assert run_cfg.method.init_from == "/tmp/bench/runs/clip_noise0.2_seed0"
+  assert run_cfg.noise.ratio == 0.2 and run_cfg.noise.seed == 0 and run_cfg.seed == 0
+  with pytest.raises(ValueError, match=r"unknown NC-bench method\(s\) \['clip2'\]"):
+    ncbench.cells_of(load_config("ncbench", "methods=clip2").bench)
+
+
+def test_aggregation_table_and_same_noise_check():
+  records = [dict(method=m, noise=r, seed=s, noise_sha256=f"h{r}{s}", seconds=1.0,
+                  metrics={"zeroshot/acc1": 0.5 + 0.1 * s - r, "noise_detection/auc": 0.9})
+             for m in ("clip", "gsc") for r in (0.2, 0.4) for s in (0, 1)]
+  ncbench.check_same_noise(records)
+  rows = ncbench.aggregate(records)
+  row = next(r for r in rows if r["method"] == "gsc" and r["noise"] == 0.4)
+  assert row["seeds"] == 2 and row["zeroshot/acc1"] == pytest.approx((0.15, 0.05))
+  table = ncbench.format_markdown(rows)
+  assert "| gsc " in table and "15.0 ± 5.0" in table and "0.900 ± 0.000" in table
+  records[1]["noise_sha256"] = "other"
+  with pytest.raises(RuntimeError, match="different noise indices"):
+    ncbench.check_same_noise(records)
+
+
+def test_roc_curve_area_equals_the_evaluators_auc():
+  rng = np.random.default_rng(0)
+  clean = rng.random(300) < 0.6
+  scores = np.round(rng.normal(size=300) + clean, 1)     # ties included
+  fpr, tpr = plots.roc_curve(scores, clean)
+  assert fpr[0] == tpr[0] == 0 and fpr[-1] == tpr[-1] == 1
+  assert np.trapezoid(tpr, fpr) == pytest.approx(noise_eval.roc_auc(scores, clean), abs=1e-9)
+
+
+@pytest.mark.slow
+def test_sweep_on_digits_writes_table_curves_and_skips_finished_cells(tmp_path):
+  cfg = load_config("ncbench", "methods=clip+gsc,noise=0.2+0.4,seeds=1,epochs=1,batch=128")
+  out = ncbench.run(cfg, str(tmp_path), log=lambda *_: None)
+  assert len(out["records"]) == 4
+  rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+  assert {(r["method"], r["noise"]) for r in rows} == {(m, n) for m in ("clip", "gsc") for n in ("0.2", "0.4")}
+  for noise in ("0.2", "0.4"):     # the same noisy pairs for both methods
+    assert len({r["noise_sha256"] for r in rows if r["noise"] == noise}) == 1
+  assert (tmp_path / "results.md").read_text().count("±") >= 8
+  assert (tmp_path / "metric_vs_noise_zeroshot_acc1.png").is_file() and (tmp_path / "roc_noise0.4.png").is_file()
+  first = json.loads((tmp_path / "runs" / "gsc_noise0.4_seed0" / "cell.json").read_text())
+  lines = []
+  again = ncbench.run(cfg, str(tmp_path), log=lines.append)      # finished cells are skipped, not retrained
+  assert sum("done before" in l for l in lines) == 4
+  assert next(r for r in again["records"] if r["method"] == "gsc" and r["noise"] == 0.4) == first
