@@ -34,7 +34,7 @@ def ncr_precomp(tmp_path_factory):
     pytest.param("gsc", "backbone=sgraf,batch=8,epochs=2,warmup=0", {}, marks=pytest.mark.slow),
     ("disncl", "batch=8,epochs=1,warmup=1", {})])
 def test_region_methods_train_and_evaluate_from_ncr_precomp_files(name, arg, extra, ncr_precomp, tmp_path):
-  cfg = make_config(name, arg + ",data=tfds:precomp/f30k_precomp", **TINY, **extra,
+  cfg = make_config(name, arg + ",data=tfds:precomp/f30k_precomp,noise=0.4", **TINY, **extra,
                     **{"input.data_dir": ncr_precomp})
   with cfg.unlocked():
     cfg.evals.retrieval = dict(type="retrieval", split="test", every_steps=0, plot=False)
