@@ -6,8 +6,9 @@
       --config.bench.data_dir=/data/tfds --workdir=/runs/ncbench_mine
   ncjax ncbench --config=configs/ncbench.py:data=precomp_synthetic,methods=sgraf+gsc_sgraf+disncl --workdir=...
 Arguments: data (any dataset the data layer reads), noise (levels joined by '+'), seeds, methods (joined by '+':
-clip, siglip, ncu, ncu_ga, gsc, gsc_plus, bayes, sgraf, gsc_sgraf, disncl), epochs and batch (the same budget for
-every method; default: each method's own config).
+clip, siglip, ncu, ncu_ga, gsc, gsc_plus, bayes, sgraf, gsc_sgraf, disncl, and the compositions gsc_then_ncu,
+bayes_then_ncu), epochs and batch (the same budget for every method; NCU: its unlearning epochs; default: each
+method's own config).
 """
 
 import ml_collections

@@ -38,6 +38,9 @@ METHODS = {
     "sgraf": ("sgraf", "", None),
     "gsc_sgraf": ("gsc", "backbone=sgraf", None),
     "disncl": ("disncl", "", None),
+    # compositions: NCU's unlearning applied after another method's run of the same cell
+    "gsc_then_ncu": ("ncu", "", "gsc"),
+    "bayes_then_ncu": ("ncu", "", "bayes"),
 }
 # The metrics the table and the curves show (evaluator/metric), when the runs report them.
 KEY_METRICS = ("zeroshot/acc1", "retrieval/rsum", "retrieval/i2t_R@1", "retrieval/t2i_R@1", "noise_detection/auc")
@@ -73,7 +76,7 @@ def cell_config(bench, cell: Cell, workdir: str):
   from ncjax import config_lib
   config_name, extra, start = METHODS[cell.method]
   args = [extra, f"data={bench.data}", f"noise={cell.noise:g}"]
-  if bench.epochs:
+  if bench.epochs and config_name != "ncu":   # NCU: the budget is its unlearning stage (set below)
     args.append(f"epochs={int(bench.epochs)}")
   if bench.batch:
     args.append(f"batch={int(bench.batch)}")
@@ -81,6 +84,8 @@ def cell_config(bench, cell: Cell, workdir: str):
     args.append(f"init={run_dir(workdir, Cell(start, cell.noise, cell.seed))}")
   cfg = config_lib.load_config_file(config_name, ",".join(a for a in args if a))
   with cfg.unlocked():
+    if bench.epochs and config_name == "ncu":   # its prompt epochs, then `epochs` of unlearning
+      cfg.num_epochs = int(cfg.method.epochs_prompt) + int(bench.epochs)
     cfg.seed = cell.seed
     cfg.noise.seed = cell.seed
     cfg.input.shuffle_seed = cell.seed

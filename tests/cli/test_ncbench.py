@@ -63,3 +63,13 @@ def test_sweep_on_digits_writes_table_curves_and_skips_finished_cells(tmp_path):
   again = ncbench.run(cfg, str(tmp_path), log=lines.append)      # finished cells are skipped, not retrained
   assert sum("done before" in l for l in lines) == 4
   assert next(r for r in again["records"] if r["method"] == "gsc" and r["noise"] == 0.4) == first
+
+
+def test_compositions_start_from_their_cells_run_and_ncu_budget_is_its_unlearning_stage():
+  cfg = load_config("ncbench", "methods=gsc_then_ncu+bayes_then_ncu,noise=0.4,epochs=3")
+  cells = ncbench.cells_of(cfg.bench)
+  assert [c.method for c in cells] == ["gsc", "bayes", "gsc_then_ncu", "bayes_then_ncu"]
+  run = ncbench.cell_config(cfg.bench, cells[2], "/tmp/b")
+  assert run.method.name == "ncu" and run.method.init_from == "/tmp/b/runs/gsc_noise0.4_seed0"
+  assert run.num_epochs == run.method.epochs_prompt + 3
+  assert ncbench.cell_config(cfg.bench, cells[0], "/tmp/b").num_epochs == 3
