@@ -62,11 +62,10 @@ def cells_of(bench) -> list[Cell]:
   unknown = [m for m in bench.methods if m not in METHODS]
   if unknown:
     raise ValueError(f"unknown NC-bench method(s) {unknown}; known: {sorted(METHODS)}")
-  methods = list(bench.methods)
-  for m in list(methods):
-    start = METHODS[m][2]
-    if start and start not in methods:
-      methods.insert(0, start)     # NCU needs the CLIP run of its cell even when CLIP is not listed
+  listed = list(bench.methods)
+  # A start run joins the sweep even when not listed (NCU needs the CLIP run of its cell), in order of first need.
+  starts = [m for m in dict.fromkeys(METHODS[m][2] for m in listed if METHODS[m][2]) if m not in listed]
+  methods = starts + listed
   order = sorted(methods, key=lambda m: (METHODS[m][2] is not None, methods.index(m)))
   return [Cell(m, float(r), int(s)) for r in bench.noise for s in range(int(bench.seeds)) for m in order]
 
