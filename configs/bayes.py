@@ -13,8 +13,8 @@ from ncjax.config_lib import optional
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, model="tiny", data="digits", noise=optional(float), batch=256, epochs=40, lr=1e-3, init="",
-                           weights="unit_prior", u_momentum=0.0, protocol="ncr", tau=0.0, per_device=False)
+  a = config_lib.parse_arg(arg, model="tiny", data="digits", noise=optional(float), batch=256, epochs=40, lr=1e-3,
+                           init="", weights="unit_prior", u_momentum=0.0, protocol="ncr", tau=0.0, per_device=False)
   c = config_lib.base_config()
   c.method.name = "bayes"
   # protocol 'ncr': a fixed caption-shuffle index (comparable with the other rows); 'in_batch': the paper's.

@@ -118,7 +118,7 @@ def run_cell(bench, cell: Cell, workdir: str) -> dict:
   results = runner.final_evaluation(cfg, result, out)
   record = dict(method=cell.method, noise=cell.noise, seed=cell.seed,
                 noise_sha256=result.experiment.train_data.noise_sha256,
-                steps=int(result.experiment.steps_per_epoch), seconds=round(time.perf_counter() - t0, 1),
+                steps_per_epoch=int(result.experiment.steps_per_epoch), seconds=round(time.perf_counter() - t0, 1),
                 metrics=flat_metrics(results))
   tmp = done + ".tmp"
   with open(tmp, "w") as f:

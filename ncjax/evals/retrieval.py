@@ -97,7 +97,8 @@ class Retrieval(Evaluator):
   """
   task = "zeroshot_retrieval"
 
-  def __init__(self, context, *, folds: int = 0, plot: bool = True, dataset: str = "", split: str = "test", data_dir: str = ""):
+  def __init__(self, context, *, folds: int = 0, plot: bool = True, dataset: str = "", split: str = "test",
+               data_dir: str = ""):
     super().__init__(context, dataset=dataset, split=split, data_dir=data_dir)
     self.folds, self.plot = int(folds), plot
 
