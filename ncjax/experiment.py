@@ -55,19 +55,28 @@ def resolve_config(config):
   return resolved
 
 
-def build_tokenizer(config, captions, saved: dict | None = None):
-  """The tokenizer a run saved in its checkpoint, or one built for this config from the training captions."""
+def build_tokenizer(config, captions, saved: dict | None = None, vocabulary=None):
+  """The tokenizer a run saved in its checkpoint; else, for a word tokenizer, the dataset's own vocabulary when it
+  has one (NCR's precomp vocabulary: its words, in its order, after ncjax's special tokens); else one built for
+  this config from the training captions."""
   if saved is not None:
     return tokenizers.tokenizer_from_json(saved)
+  kind = models.tokenizer_kind_of(config.model)
+  if kind == "word" and vocabulary:
+    ncr_specials = {"<pad>", "<start>", "<end>", "<unk>"}
+    specials = ncr_specials | set(tokenizers.WordTokenizer.SPECIALS)
+    words = [w for w in dict.fromkeys(vocabulary) if w not in specials]
+    return tokenizers.WordTokenizer(list(tokenizers.WordTokenizer.SPECIALS) + words,
+                                    models.context_length_of(config.model))
   return tokenizers.build_tokenizer(captions, context_length=models.context_length_of(config.model),
-                                    min_count=config.input.min_word_count, kind=models.tokenizer_kind_of(config.model))
+                                    min_count=config.input.min_word_count, kind=kind)
 
 
 def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
   mesh = shard_lib.make_mesh(config.mesh, devices)
   image_size = models.image_size_of(config.model)
   split = data_lib.load_split(config.input, config.input.split, image_size)
-  tokenizer = build_tokenizer(config, split.captions, saved_tokenizer)
+  tokenizer = build_tokenizer(config, split.captions, saved_tokenizer, vocabulary=split.vocabulary)
   noisy = noise_from_config(config.noise, split.caption_to_image)
   train_data = concept_train_data(config, split, tokenizer, mesh, noisy, image_size=image_size)
   method = build_method(config, tokenizer=tokenizer, num_examples=train_data.num_examples)

@@ -91,6 +91,11 @@ def load_tfds_split(dataset: str, data_dir: str, split: str) -> PairSplit:
       raise readers.DataFormatError(f"{name}/{config}/{split}: {int((labels < 0).sum())} images have no label")
   if f"{split}/clean" in index.files:       # a ground-truth clean flag per pair (diagnostics only)
     pair_clean = index[f"{split}/clean"] > 0
+  vocabulary = None
+  vocab_path = os.path.join(builder.data_dir, tfds_builders.VOCAB_FILE)
+  if os.path.isfile(vocab_path):    # NCR's precomp vocabulary, kept at build time
+    with open(vocab_path, encoding="utf-8") as f:
+      vocabulary = tuple(json.load(f)["words"])
   return PairSplit(images=images, captions=captions, caption_to_image=index[f"{split}/caption_to_image"],
                    image_labels=labels, class_names=class_names or (), name=f"{name}/{config or 'default'}/{split}",
-                   image_meta=meta, pair_clean=pair_clean)
+                   image_meta=meta, pair_clean=pair_clean, vocabulary=vocabulary)

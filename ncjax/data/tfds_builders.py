@@ -309,7 +309,36 @@ def build(name: str, config: str | None, manual_dir: str | None, data_dir: str):
   dl_config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
   builder.download_and_prepare(download_config=dl_config)
   write_index(builder)
+  if name == "precomp":
+    copy_ncr_vocabulary(manual_dir, config, builder.data_dir)
   return builder
+
+
+VOCAB_FILE = "ncjax_vocab.json"
+
+
+def copy_ncr_vocabulary(manual_dir: str, config: str | None, data_dir: str) -> str | None:
+  """NCR's vocabulary (`{f30k,coco,cc152k}_precomp_vocab.json` or `{name}_vocab.json`: word2idx / idx2word, built
+  from train + dev captions with count >= 4), when it sits in manual_dir, saved with the built dataset as its words
+  in index order; the word tokenizer of a run on this dataset then uses it instead of counting the captions."""
+  stem = config or ""
+  candidates = [f"{stem}_vocab.json", f"{stem.replace('_precomp', '')}_precomp_vocab.json",
+                f"{stem.replace('_precomp', '')}_vocab.json"]
+  found = next((os.path.join(manual_dir, c) for c in candidates if os.path.isfile(os.path.join(manual_dir, c))), None)
+  if found is None:
+    return None
+  with open(found, encoding="utf-8") as f:
+    vocab = json.load(f)
+  if "idx2word" in vocab:
+    words = [w for _, w in sorted(((int(i), w) for i, w in vocab["idx2word"].items()))]
+  elif "word2idx" in vocab:
+    words = [w for w, _ in sorted(vocab["word2idx"].items(), key=lambda kv: int(kv[1]))]
+  else:
+    raise readers.DataFormatError(f"{found}: expected NCR's vocabulary with 'word2idx' or 'idx2word'")
+  out = os.path.join(data_dir, VOCAB_FILE)
+  with open(out, "w", encoding="utf-8") as f:
+    json.dump(dict(source=os.path.basename(found), words=words), f)
+  return out
 
 
 def build_table(config: str | None, manual_dir: str | None, data_dir: str, **columns):

@@ -23,6 +23,7 @@ class PairSplit:
   image_meta: dict | None = None           # per-image metadata lists (e.g. 'subreddit' for RedCaps)
   pair_clean: np.ndarray | None = None     # bool (n_captions,): a ground-truth clean flag of the data's own
                                            # pairs (a table's clean column), for diagnostics only
+  vocabulary: tuple[str, ...] | None = None  # the dataset's own word list (NCR's precomp vocabulary), if it has one
 
   def __post_init__(self):
     self.caption_to_image = np.asarray(self.caption_to_image, np.int64)

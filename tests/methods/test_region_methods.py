@@ -77,3 +77,22 @@ def test_disncl_reconstructed_pieces_are_options_with_finite_gradients():
   with pytest.raises(ValueError, match="unknown method.critic_pool 'median'"):
     cfg = make_config("disncl", "batch=64", **TINY, **{"method.critic_pool": "median"})
     build_experiment(cfg).method.init_params()
+
+
+def test_ncr_vocabulary_file_is_kept_by_the_build_and_used_by_the_word_tokenizer(tmp_path):
+  # NCR ships {data}_precomp_vocab.json (word2idx / idx2word, count >= 4 over train + dev): a run on the built
+  # dataset tokenises with it, in its order, after ncjax's special tokens; without it the captions are counted.
+  from ncjax.data import precomp_synthetic, tfds_builders
+  from ncjax.experiment import build_experiment
+  manual = tmp_path / "f30k_precomp"
+  precomp_synthetic.write_ncr_layout(str(manual), dict(train=8, dev=4, test=4))
+  words = ["<pad>", "<start>", "<end>", "<unk>", "a", "near", "dog", "cat", "and"]
+  (manual / "f30k_precomp_vocab.json").write_text(json.dumps(dict(
+      word2idx={w: i for i, w in enumerate(words)}, idx2word={str(i): w for i, w in enumerate(words)},
+      idx=len(words))))
+  tfds_builders.build("precomp", "f30k_precomp", str(manual), str(tmp_path / "tfds"))
+  cfg = make_config("sgraf", "data=tfds:precomp/f30k_precomp,batch=8", **TINY,
+                    **{"input.data_dir": str(tmp_path / "tfds")})
+  tok = build_experiment(cfg).tokenizer
+  assert tok.vocab[4:] == ["a", "near", "dog", "cat", "and"]
+  assert tok.encode(["a dog near a horse"])[0][:7].tolist() == [2, 4, 6, 5, 4, 1, 3]   # horse: <unk>
