@@ -34,4 +34,3 @@ def test_every_lookup_by_name_goes_through_a_registry():
     methods.METHODS.get("clipp")
   with pytest.raises(ValueError, match="evaluator 'zeroshot' is registered twice"):
     evals.register("zeroshot")(type("Impostor", (evals.Evaluator,), {"run": lambda self, m, s=None: {}}))
-

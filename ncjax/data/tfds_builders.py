@@ -72,14 +72,13 @@ def holdout_split(image_path: str, fraction: float) -> str:
   return "test" if int.from_bytes(digest[:8], "big") / 2 ** 64 < fraction else "train"
 
 
-def _clean_flag(value, where) -> int:
+def _clean_flag(value, where: str) -> int:
   low = str(value).strip().lower()
   if low in ("1", "true", "yes", "clean"):
     return 1
   if low in ("0", "false", "no", "noisy"):
     return 0
-  raise readers.DataFormatError(f"{where if isinstance(where, str) else f'row {where}'}: clean flag {value!r} is not "
-                                f"1/0/true/false/yes/no/clean/noisy")
+  raise readers.DataFormatError(f"{where}: clean flag {value!r} is not 1/0/true/false/yes/no/clean/noisy")
 
 
 class WebPairs(tfds.core.GeneratorBasedBuilder):
@@ -116,7 +115,7 @@ class WebPairs(tfds.core.GeneratorBasedBuilder):
           label = int(value)
         else:
           raise readers.DataFormatError(f"row {k}: label {value!r} is not one of the class names {names[:20]}")
-      clean = _clean_flag(row[cfg.clean_column], k) if cfg.clean_column else -1
+      clean = _clean_flag(row[cfg.clean_column], f"row {k}") if cfg.clean_column else -1
       if cfg.split_column:
         split = row[cfg.split_column].strip() or "train"
       elif cfg.holdout > 0:
