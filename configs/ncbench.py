@@ -6,8 +6,9 @@
       --config.bench.data_dir=/data/tfds --workdir=/runs/ncbench_mine
   ncjax ncbench --config=configs/ncbench.py:data=precomp_synthetic,methods=sgraf+gsc_sgraf+disncl --workdir=...
 Arguments: data (any dataset the data layer reads), noise (levels joined by '+'), seeds, methods (joined by '+':
-clip, siglip, ncu, ncu_ga, gsc, gsc_plus, bayes, sgraf, gsc_sgraf, disncl, and the compositions gsc_then_ncu,
-bayes_then_ncu), epochs and batch (the same budget for every method; NCU: its unlearning epochs; default: each
+clip, siglip, ncu, ncu_ga, gsc, gsc_plus, bayes, sgraf, gsc_sgraf, disncl, and the compositions gsc_then_ncu and
+bayes_then_ncu — NCU unlearning the GSC / Bayesian CL model — and ncu_gsc_forget and ncu_bayes_forget — NCU unlearning
+the CLIP model with its forget set taken from GSC's soft labels / Bayesian CL's positive probabilities), epochs and batch (the same budget for every method; NCU: its unlearning epochs; default: each
 method's own config).
 """
 

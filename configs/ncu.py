@@ -8,7 +8,15 @@ Digits demo (from a CLIP trained on 40%-noisy digits):
   python -m ncjax.main --config=configs/ncu.py:init=/tmp/clip --workdir=/tmp/ncu --cpu_devices=8
 Arguments: setting (a preset: paper | digits), method (ncu | ncu_ga), model, data, init (an ncjax CLIP workdir, or
 openai:PATH / open_clip:PATH / hf:DIR), batch, noise,
-epochs, epochs_prompt, ratio (the per-batch forget fraction P). An argument left out takes the preset's value.
+epochs, epochs_prompt, ratio (the per-batch forget fraction P), forget_from (batch | scores), forget_scores,
+forget_threshold. An argument left out takes the preset's value.
+
+Composition: the forget set from another method's per-sample clean scores instead of the current model's softmax
+diagonal — GSC's soft labels or Bayesian CL's positive probabilities, as its noise-detection evaluator saved them:
+  python -m ncjax.main --config=configs/ncu.py:init=/tmp/clip,forget_from=scores,forget_scores=/tmp/gsc \
+      --workdir=/tmp/ncu_gsc_forget --cpu_devices=8
+(forget_scores: a run directory — its latest eval/step_N_clean_scores.npz — or that file; empty: the init run.
+The lowest `ratio` of each global batch is forgotten, or with forget_threshold >= 0 every pair scoring below it.)
 """
 
 from ncjax import config_lib
@@ -43,7 +51,8 @@ PRESETS = {
 def get_config(arg=None):
   args = config_lib.parse_arg(arg, setting="digits", method="ncu", init="", model=optional(str),
                               data=optional(str), batch=optional(int), noise=optional(float), epochs=optional(int),
-                              epochs_prompt=optional(int), ratio=optional(float))
+                              epochs_prompt=optional(int), ratio=optional(float), forget_from="batch",
+                              forget_scores="", forget_threshold=-1.0)
   a = config_lib.with_preset(args, PRESETS, args.setting)
   c = config_lib.base_config()
   c.method.name = a.method
@@ -58,6 +67,9 @@ def get_config(arg=None):
   c.num_epochs = a.epochs
   c.method.forget_ratio = a.ratio
   c.method.forget_score = "row"        # public code; 'mean' = the paper's Eq. 2
+  c.method.forget_from = a.forget_from  # 'batch' (NCU) | 'scores' (another method's per-sample clean scores)
+  c.method.forget_scores = a.forget_scores
+  c.method.forget_threshold = a.forget_threshold
   c.method.n_ctx = 8
   c.method.train_text_in_prompt = True  # public code; False = the paper's "only the visual encoder frozen" reading
   c.method.frozen_text_blocks = a.frozen_text_blocks

@@ -79,5 +79,6 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
   tokenizer = build_tokenizer(config, split.captions, saved_tokenizer, vocabulary=split.vocabulary)
   noisy = noise_from_config(config.noise, split.caption_to_image)
   train_data = concept_train_data(config, split, tokenizer, mesh, noisy, image_size=image_size)
-  method = build_method(config, tokenizer=tokenizer, num_examples=train_data.num_examples)
+  method = build_method(config, tokenizer=tokenizer, num_examples=train_data.num_examples,
+                        noise_sha256=train_data.noise_sha256)
   return Experiment(config, mesh, tokenizer, train_data, method, noisy, batch_transform_from_config(config.noise))

@@ -26,21 +26,39 @@ import time
 
 import numpy as np
 
-# name -> (config file, extra config arguments, the method whose run of the same cell it starts from)
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+  """How NC-bench runs a method: its config file and arguments, the method whose run of the same cell it starts
+  from (`start`), and the method whose per-sample clean scores select its forget set (`scores`, NCU's
+  `method.forget_from='scores'`)."""
+  config: str
+  args: str = ""
+  start: str | None = None
+  scores: str | None = None
+
+  @property
+  def needs(self) -> tuple[str, ...]:
+    return tuple(m for m in (self.start, self.scores) if m)
+
+
 METHODS = {
-    "clip": ("clip", "", None),
-    "siglip": ("siglip", "", None),
-    "ncu": ("ncu", "", "clip"),
-    "ncu_ga": ("ncu", "method=ncu_ga", "clip"),
-    "gsc": ("gsc", "", None),
-    "gsc_plus": ("gsc", "coteach=true", None),
-    "bayes": ("bayes", "", None),
-    "sgraf": ("sgraf", "", None),
-    "gsc_sgraf": ("gsc", "backbone=sgraf", None),
-    "disncl": ("disncl", "", None),
-    # compositions: NCU's unlearning applied after another method's run of the same cell
-    "gsc_then_ncu": ("ncu", "", "gsc"),
-    "bayes_then_ncu": ("ncu", "", "bayes"),
+    "clip": MethodSpec("clip"),
+    "siglip": MethodSpec("siglip"),
+    "ncu": MethodSpec("ncu", start="clip"),
+    "ncu_ga": MethodSpec("ncu", "method=ncu_ga", start="clip"),
+    "gsc": MethodSpec("gsc"),
+    "gsc_plus": MethodSpec("gsc", "coteach=true"),
+    "bayes": MethodSpec("bayes"),
+    "sgraf": MethodSpec("sgraf"),
+    "gsc_sgraf": MethodSpec("gsc", "backbone=sgraf"),
+    "disncl": MethodSpec("disncl"),
+    # Compositions. NCU's unlearning applied after another method's run of the same cell:
+    "gsc_then_ncu": MethodSpec("ncu", start="gsc"),
+    "bayes_then_ncu": MethodSpec("ncu", start="bayes"),
+    # NCU unlearning the CLIP run, its forget set taken from another method's per-sample clean scores (GSC's soft
+    # labels, Bayesian CL's positive probabilities) instead of the current model's softmax diagonal:
+    "ncu_gsc_forget": MethodSpec("ncu", "forget_from=scores", start="clip", scores="gsc"),
+    "ncu_bayes_forget": MethodSpec("ncu", "forget_from=scores", start="clip", scores="bayes"),
 }
 # The metrics the table and the curves show (evaluator/metric), when the runs report them.
 KEY_METRICS = ("zeroshot/acc1", "retrieval/rsum", "retrieval/i2t_R@1", "retrieval/t2i_R@1", "noise_detection/auc")
@@ -62,25 +80,40 @@ def cells_of(bench) -> list[Cell]:
   unknown = [m for m in bench.methods if m not in METHODS]
   if unknown:
     raise ValueError(f"unknown NC-bench method(s) {unknown}; known: {sorted(METHODS)}")
+  # A run another needs joins the sweep even when not listed (NCU needs the CLIP run of its cell); every run comes
+  # after the runs it needs, otherwise in the order listed.
+  order: list[str] = []
+
+  def visit(method):
+    if method not in order:
+      for need in METHODS[method].needs:
+        visit(need)
+      order.append(method)
+
   listed = list(bench.methods)
-  # A start run joins the sweep even when not listed (NCU needs the CLIP run of its cell), in order of first need.
-  starts = [m for m in dict.fromkeys(METHODS[m][2] for m in listed if METHODS[m][2]) if m not in listed]
-  methods = starts + listed
-  order = sorted(methods, key=lambda m: (METHODS[m][2] is not None, methods.index(m)))
+  for m in listed:
+    for need in METHODS[m].needs:
+      if need not in listed:
+        visit(need)
+  for m in sorted(listed, key=lambda m: bool(METHODS[m].needs)):
+    visit(m)
   return [Cell(m, float(r), int(s)) for r in bench.noise for s in range(int(bench.seeds)) for m in order]
 
 
 def cell_config(bench, cell: Cell, workdir: str):
   """The run config of one cell: the method's config file with the bench's data, noise, seed and budget."""
   from ncjax import config_lib
-  config_name, extra, start = METHODS[cell.method]
-  args = [extra, f"data={bench.data}", f"noise={cell.noise:g}"]
+  spec = METHODS[cell.method]
+  config_name = spec.config
+  args = [spec.args, f"data={bench.data}", f"noise={cell.noise:g}"]
   if bench.epochs and config_name != "ncu":   # NCU: the budget is its unlearning stage (set below)
     args.append(f"epochs={int(bench.epochs)}")
   if bench.batch:
     args.append(f"batch={int(bench.batch)}")
-  if start:
-    args.append(f"init={run_dir(workdir, Cell(start, cell.noise, cell.seed))}")
+  if spec.start:
+    args.append(f"init={run_dir(workdir, Cell(spec.start, cell.noise, cell.seed))}")
+  if spec.scores:
+    args.append(f"forget_scores={run_dir(workdir, Cell(spec.scores, cell.noise, cell.seed))}")
   cfg = config_lib.load_config_file(config_name, ",".join(a for a in args if a))
   with cfg.unlocked():
     if bench.epochs and config_name == "ncu":   # its prompt epochs, then `epochs` of unlearning

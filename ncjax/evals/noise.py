@@ -76,8 +76,11 @@ class NoiseDetection(Evaluator):
     path = self.context.plot_path("clean_noisy")
     if path and self.plot:
       plots.plot_clean_noisy_histogram(scores, td.clean, path, f"{exp.method.name}: training pairs")
+      # scores in example-id order with the noise index they were computed on: NC-bench's ROC curves, and the
+      # prior scores of a composed method (NCU's `method.forget_from='scores'`)
       np.savez_compressed(path[:-len("clean_noisy.png")] + "clean_scores.npz", scores=np.asarray(scores, np.float32),
-                          clean=np.asarray(td.clean, bool))
+                          clean=np.asarray(td.clean, bool), noise_sha256=np.asarray(td.noise_sha256 or ""),
+                          method=np.asarray(exp.method.name))
     return metrics
 
 

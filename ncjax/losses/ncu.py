@@ -130,13 +130,29 @@ def select_forget(image_emb, text_emb, logit_scale, ratio: float, score: str = "
 
   No gradient flows through the selection. Ties go to the lower index (a stable order)."""
   w = jax.lax.stop_gradient(clean_confidence(image_emb, text_emb, logit_scale, score, chunk))
-  n = w.shape[0]
+  return lowest_fraction(w, ratio), w
+
+
+def lowest_fraction(scores, ratio: float):
+  """bool[N]: the floor(ratio * N) entries with the lowest score (ties to the lower index) — the selection rule of
+  Eq. 2, whatever the score: the model's confidence, or a prior per-sample score (`select_forget_by_score`)."""
+  n = scores.shape[0]
   k = int(np.floor(ratio * n))
   if k <= 0:
-    return jnp.zeros((n,), bool), w
-  order = jnp.argsort(w, stable=True)
-  mask = jnp.zeros((n,), bool).at[order[:k]].set(True)
-  return mask, w
+    return jnp.zeros((n,), bool)
+  order = jnp.argsort(jax.lax.stop_gradient(f32(scores)), stable=True)
+  return jnp.zeros((n,), bool).at[order[:k]].set(True)
+
+
+def select_forget_by_score(prior_scores, ratio: float, threshold: float | None = None):
+  """The forget set of a global batch from per-sample clean scores another method estimated (composition: GSC's
+  soft correspondence labels, Bayesian CL's positive probabilities; higher = cleaner) instead of the current
+  model's softmax diagonal: the lowest `ratio` of the batch (NCU's rule), or with `threshold` every pair scoring
+  below it (a batch may then forget none or all of its pairs; the losses handle both)."""
+  prior_scores = jax.lax.stop_gradient(f32(prior_scores))
+  if threshold is not None:
+    return prior_scores < threshold
+  return lowest_fraction(prior_scores, ratio)
 
 
 def band_loss(text_emb, neg_text_emb, weights=None, band=BAND):

@@ -38,7 +38,7 @@ class Method(abc.ABC):
   # hyperboloid points.
   supported_geometries: tuple[str, ...] = ("sphere",)
 
-  def __init__(self, config, *, tokenizer, num_examples: int):
+  def __init__(self, config, *, tokenizer, num_examples: int, noise_sha256: str | None = None):
     geometry = config.model.get("geometry", "sphere")
     if geometry not in self.supported_geometries:
       raise ValueError(f"method {self.name!r} supports model.geometry in {self.supported_geometries}, not "
@@ -48,6 +48,7 @@ class Method(abc.ABC):
     self.config = config
     self.tokenizer = tokenizer
     self.num_examples = num_examples
+    self.noise_sha256 = noise_sha256
     self._graphdef = None
 
   # --- modules and parameters -------------------------------------------------------------------------------

@@ -16,8 +16,12 @@ The model starts from a CLIP checkpoint produced by ncjax (`method.init_from`).
 
 from __future__ import annotations
 
+import os
+import re
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from ncjax.losses import contrastive, ncu as ncu_loss
@@ -32,11 +36,50 @@ from ncjax.numerics import MAX_LOGIT_SCALE
 UNLEARN_CLAMP = clamp_logit_scale(0.0, MAX_LOGIT_SCALE)
 
 
+FORGET_FROM = ("batch", "scores")
+
+
 class _ForgetStateMixin:
-  """Per-sample confidence and forget flags, keyed by example id (last time each example was seen)."""
+  """Per-sample confidence and forget flags, keyed by example id (last time each example was seen), and where the
+  forget set comes from (`method.forget_from`):
+    'batch'  (NCU): the floor(P·N) pairs of each global batch with the lowest clean confidence of the current model;
+    'scores' (composition): the same rule over per-sample clean scores another method estimated — GSC's soft
+             labels, Bayesian CL's positive probabilities — read once from `method.forget_scores` (a
+             `*_clean_scores.npz` the noise-detection evaluator wrote, or a run directory: its latest one; empty:
+             the run named by `method.init_from`); `method.forget_threshold` >= 0 forgets every pair below it
+             instead of a fixed fraction."""
 
   def init_state(self, capacity):
-    return dict(confidence=jnp.ones((capacity,), jnp.float32), forgotten=jnp.zeros((capacity,), bool))
+    state = dict(confidence=jnp.ones((capacity,), jnp.float32), forgotten=jnp.zeros((capacity,), bool))
+    if self.forget_from == "scores":
+      state["prior_score"] = jnp.asarray(self.prior_scores(capacity))
+    return state
+
+  @property
+  def forget_from(self) -> str:
+    mode = self.config.method.get("forget_from", "batch")
+    if mode not in FORGET_FROM:
+      raise ValueError(f"method.forget_from={mode!r}; expected one of {FORGET_FROM}")
+    return mode
+
+  def prior_scores(self, capacity: int) -> np.ndarray:
+    """float32[capacity]: the other method's clean score per example id (the padding beyond the data: +inf,
+    never forgotten)."""
+    m = self.config.method
+    source = m.get("forget_scores", "") or m.init_from
+    scores = load_clean_scores(source, self.num_examples, self.noise_sha256)
+    out = np.full((capacity,), np.inf, np.float32)
+    out[:len(scores)] = scores
+    return out
+
+  def forget_mask(self, state, batch, confidence):
+    """bool[N]: this global batch's forget set (see the class docstring)."""
+    m = self.config.method
+    if self.forget_from == "batch":
+      return ncu_loss.lowest_fraction(confidence, m.forget_ratio)
+    threshold = m.get("forget_threshold", -1.0)
+    return ncu_loss.select_forget_by_score(state["prior_score"][batch["id"]], m.forget_ratio,
+                                           threshold if threshold >= 0 else None)
 
   @staticmethod
   def record(state, ids, confidence, forget_mask):
@@ -74,25 +117,26 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
     neg = encode_negative_text(model, mods.prompt, batch["tokens"], getattr(self.tokenizer, "unk_id", 1))
     return model, img, txt, neg
 
-  def _embed_and_select(self, params, batch):
-    """Embeddings of the global batch and its forget set, selected from the current model (no gradient)."""
+  def _embed_and_select(self, params, state, batch):
+    """Embeddings of the global batch and its forget set (no gradient): from the current model's confidence, or
+    from the prior scores of `forget_from='scores'`."""
     m = self.config.method
     model, img, txt, neg = self._embed(params, batch)
     scale = model.get_logit_scale()
-    forget, conf = ncu_loss.select_forget(img, txt, scale, m.forget_ratio, m.forget_score,
-                                          chunk=self.config.loss.get("chunk_rows", 0))
-    return img, txt, neg, scale, forget, conf
+    conf = jax.lax.stop_gradient(ncu_loss.clean_confidence(img, txt, scale, m.forget_score,
+                                                           self.config.loss.get("chunk_rows", 0)))
+    return img, txt, neg, scale, self.forget_mask(state, batch, conf), conf
 
   def prompt_stage_loss(self, params, state, batch, rng):
     del rng
-    img, txt, neg, scale, forget, conf = self._embed_and_select(params, batch)
+    img, txt, neg, scale, forget, conf = self._embed_and_select(params, state, batch)
     out = ncu_loss.prompt(img, txt, neg, scale, forget, self.prompt_options)
     metrics = dict(out.scalars, forget_fraction=jnp.mean(forget.astype(jnp.float32)))
     return out.loss, (metrics, self.record(state, batch["id"], conf, forget))
 
   def unlearn_stage_loss(self, params, state, batch, rng):
     del rng
-    img, txt, neg, scale, forget, conf = self._embed_and_select(params, batch)
+    img, txt, neg, scale, forget, conf = self._embed_and_select(params, state, batch)
     out = ncu_loss.unlearning(img, txt, neg, scale, forget, self.unlearning_options)
     metrics = dict(out.scalars, logit_scale=jnp.exp(scale))
     return out.loss, (metrics, self.record(state, batch["id"], conf, forget))
@@ -135,12 +179,20 @@ class GradientAscent(_ForgetStateMixin, SingleModelMethod):
   """NCU paper Sec. 5.3's gradient-ascent baseline: -L_CLIP on the per-batch forget set (selected as NCU does) plus
   label-smoothed L_CLIP on the retained set; both over the global batch's logits."""
 
+  def loss_fn(self, params, state, batch, rng):
+    del rng   # the forget set may come from the per-sample prior scores in `state`
+    loss, metrics = self.ascent_loss(self.bind(params).model, state, batch)
+    return loss, (metrics, self.update_state(state, batch, metrics))
+
   def model_loss(self, model, batch, rng):
-    del rng
+    raise NotImplementedError("GradientAscent computes its loss in ascent_loss (it reads the method state)")
+
+  def ascent_loss(self, model, state, batch):
     m, lc = self.config.method, self.config.loss
     img, txt = model.encode_image(batch["image"]), model.encode_text(batch["tokens"])
     scale = model.get_logit_scale()
-    forget, conf = ncu_loss.select_forget(img, txt, scale, m.forget_ratio, m.forget_score)
+    conf = jax.lax.stop_gradient(ncu_loss.clean_confidence(img, txt, scale, m.forget_score))
+    forget = self.forget_mask(state, batch, conf)
     logits = contrastive.cosine_logits(img, txt, scale)
     _, base = contrastive.infonce_from_logits(logits)
     smoothed = label_smoothed_infonce_terms(logits, lc.label_smoothing)
@@ -154,3 +206,39 @@ class GradientAscent(_ForgetStateMixin, SingleModelMethod):
 
   def post_update(self):
     return chain_post_updates(stored_clamps(self.config), UNLEARN_CLAMP)
+
+
+def load_clean_scores(source: str, num_examples: int, noise_sha256: str | None = None) -> np.ndarray:
+  """Per-example clean scores (example-id order) from a `*_clean_scores.npz` the noise-detection evaluator wrote,
+  or from a run directory (the one of its latest evaluation). Checks they score this run's training pairs: the
+  same number of examples and, when both are recorded, the same noise index."""
+  if not source:
+    raise ValueError("method.forget_from='scores' needs method.forget_scores (a *_clean_scores.npz or a run "
+                     "directory) or method.init_from naming the run whose scores to use")
+  path = source
+  if os.path.isdir(source):
+    eval_dir = os.path.join(source, "eval")
+    found = sorted((int(m.group(1)), f) for f in (os.listdir(eval_dir) if os.path.isdir(eval_dir) else ())
+                   if (m := re.fullmatch(r"step_(\d+)_clean_scores\.npz", f)))
+    if not found:
+      raise FileNotFoundError(
+          f"{source} has no eval/step_<N>_clean_scores.npz: the run's noise_detection evaluator writes it at its "
+          "final evaluation (evals.noise_detection with plot=True); run `ncjax eval --checkpoints=" + source
+          + "` to write it")
+    path = os.path.join(eval_dir, found[-1][1])
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"method.forget_scores: no such file {path!r} (expected a *_clean_scores.npz)")
+  with np.load(path) as data:
+    if "scores" not in data:
+      raise ValueError(f"{path} has no 'scores' array (keys: {sorted(data)})")
+    scores = np.asarray(data["scores"], np.float32)
+    theirs = str(data["noise_sha256"]) if "noise_sha256" in data else ""
+  if num_examples and scores.shape != (num_examples,):
+    raise ValueError(f"{path} scores {scores.shape} examples, this run trains on {num_examples}: the scores must "
+                     "come from a run on the same training pairs")
+  if noise_sha256 and theirs and theirs != noise_sha256:
+    raise ValueError(f"{path} was computed on other noisy pairs (noise index sha256 {theirs[:12]}..., this run "
+                     f"{noise_sha256[:12]}...): use the same data, noise ratio and noise seed")
+  if not np.all(np.isfinite(scores)):
+    raise ValueError(f"{path} holds {int(np.sum(~np.isfinite(scores)))} non-finite scores")
+  return scores

@@ -73,3 +73,14 @@ def test_compositions_start_from_their_cells_run_and_ncu_budget_is_its_unlearnin
   assert run.method.name == "ncu" and run.method.init_from == "/tmp/b/runs/gsc_noise0.4_seed0"
   assert run.num_epochs == run.method.epochs_prompt + 3
   assert ncbench.cell_config(cfg.bench, cells[0], "/tmp/b").num_epochs == 3
+
+
+def test_forget_set_compositions_read_the_scores_of_their_cells_method():
+  cfg = load_config("ncbench", "methods=ncu_gsc_forget+ncu_bayes_forget+ncu,noise=0.4")
+  cells = ncbench.cells_of(cfg.bench)
+  assert [c.method for c in cells] == ["clip", "gsc", "bayes", "ncu_gsc_forget", "ncu_bayes_forget", "ncu"]
+  run = ncbench.cell_config(cfg.bench, cells[3], "/tmp/b")
+  assert run.method.name == "ncu" and run.method.forget_from == "scores"
+  assert run.method.init_from == "/tmp/b/runs/clip_noise0.4_seed0"          # unlearns the CLIP model
+  assert run.method.forget_scores == "/tmp/b/runs/gsc_noise0.4_seed0"       # with GSC's labels as forget scores
+  assert ncbench.cell_config(cfg.bench, cells[5], "/tmp/b").method.forget_from == "batch"

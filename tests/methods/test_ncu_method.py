@@ -59,3 +59,72 @@ def test_gradient_ascent_baseline_runs_and_records_forget_sets(clip_run, tmp_pat
   assert np.isfinite(res.metrics["loss"]) and res.metrics["loss_ascent"] <= 0
   st = jax.device_get(res.state["method_state"])
   assert st["forgotten"].sum() == int(np.floor(0.4 * 64)) * 2   # two batches, 25 forgotten each
+
+
+# --- composition: the forget set from another method's per-sample clean scores (method.forget_from='scores') -----
+
+def _write_scores(path, scores, sha):
+  np.savez_compressed(path, scores=np.asarray(scores, np.float32), clean=np.ones(len(scores), bool),
+                      noise_sha256=np.asarray(sha), method=np.asarray("gsc"))
+  return str(path)
+
+
+def _training_pairs(cfg):
+  from ncjax.experiment import build_experiment
+  td = build_experiment(cfg).train_data
+  return np.asarray(td.clean, bool), td.noise_sha256
+
+
+@pytest.mark.parametrize("name", ["ncu", "ncu_ga"])
+def test_forget_set_from_prior_scores_follows_them_exactly(clip_run, tmp_path, name):
+  """With the ground-truth clean flags as the 'other method's' scores and threshold 0.5, every batch forgets
+  exactly its noisy pairs; with a ratio, exactly the lowest-scoring fraction of each batch."""
+  clean, sha = _training_pairs(ncu_config(clip_run))
+  flags = _write_scores(tmp_path / "flags.npz", clean.astype(np.float32), sha)
+  cfg = ncu_config(clip_run, total_steps=3, **{"method.name": name, "method.forget_from": "scores",
+                                              "method.forget_scores": flags, "method.forget_threshold": 0.5})
+  st = jax.device_get(train.train(cfg, str(tmp_path / "threshold")).state["method_state"])
+  n = len(clean)
+  seen = st["confidence"][:n] < 1.0                  # examples of the 3 batches (softmax diagonals are < 1)
+  assert seen.sum() == 3 * 64
+  np.testing.assert_array_equal(st["forgotten"][:n], seen & ~clean)
+  assert (seen & ~clean).sum() > 0
+
+  ranks = np.random.default_rng(0).permutation(n).astype(np.float32)   # distinct scores: a unique lowest 25
+  ranked = _write_scores(tmp_path / "ranks.npz", ranks, sha)
+  cfg = ncu_config(clip_run, total_steps=1, **{"method.name": name, "method.forget_from": "scores",
+                                              "method.forget_scores": ranked})
+  res = train.train(cfg, str(tmp_path / "ratio"))
+  st = jax.device_get(res.state["method_state"])
+  seen = np.flatnonzero(st["confidence"][:n] < 1.0)
+  k = int(np.floor(0.4 * 64))
+  expected = seen[np.argsort(ranks[seen], kind="stable")[:k]]
+  assert sorted(np.flatnonzero(st["forgotten"][:n])) == sorted(expected)
+  assert np.isfinite(res.metrics["loss"])
+
+
+def test_prior_scores_are_checked_against_the_training_pairs(clip_run, tmp_path):
+  from ncjax.methods.ncu import load_clean_scores
+  clean, sha = _training_pairs(ncu_config(clip_run))
+  n = len(clean)
+  other = _write_scores(tmp_path / "other.npz", np.ones(n), "f" * 64)
+  with pytest.raises(ValueError, match="other noisy pairs"):
+    load_clean_scores(other, n, sha)
+  short = _write_scores(tmp_path / "short.npz", np.ones(n - 1), sha)
+  with pytest.raises(ValueError, match="same training pairs"):
+    load_clean_scores(short, n, sha)
+  with pytest.raises(FileNotFoundError, match="clean_scores.npz"):
+    load_clean_scores(str(tmp_path), n, sha)           # a directory with no evaluation
+  with pytest.raises(ValueError, match="forget_scores"):
+    load_clean_scores("", n, sha)
+  run = tmp_path / "run"
+  (run / "eval").mkdir(parents=True)
+  _write_scores(run / "eval" / "step_3_clean_scores.npz", np.zeros(n), sha)
+  _write_scores(run / "eval" / "step_10_clean_scores.npz", np.arange(n), sha)   # the latest step, not the last name
+  np.testing.assert_array_equal(load_clean_scores(str(run), n, sha), np.arange(n, dtype=np.float32))
+  cfg = ncu_config(clip_run, total_steps=1, **{"method.forget_from": "scores", "method.forget_scores": other})
+  with pytest.raises(ValueError, match="other noisy pairs"):
+    train.train(cfg, str(tmp_path / "refused"))
+  cfg = ncu_config(clip_run, total_steps=1, **{"method.forget_from": "oracle"})
+  with pytest.raises(ValueError, match="forget_from"):
+    train.train(cfg, str(tmp_path / "unknown"))
