@@ -26,9 +26,10 @@ from ncjax.config_lib import optional
 PRESETS = {
     "paper": dict(model="ViT-B/32", data="tfds:karpathy/flickr30k", batch=128, epochs=60, lr=2e-4, optimizer="adam",
                   weight_decay=0.0, grad_clip=2.0, schedule="step", decay_every=15, decay_factor=0.2, warmup=0,
-                  warmup_steps=0),
+                  warmup_steps=0, indicator="softmax"),
     "digits": dict(model="tiny", data="digits", batch=256, epochs=40, lr=1e-3, optimizer="adamw", weight_decay=0.1,
-                   grad_clip=1.0, schedule="cosine", decay_every=0, decay_factor=0.1, warmup=None, warmup_steps=20),
+                   grad_clip=1.0, schedule="cosine", decay_every=0, decay_factor=0.1, warmup=None, warmup_steps=20,
+                   indicator="softmax"),
 }
 
 
@@ -36,7 +37,7 @@ def get_config(arg=None):
   args = config_lib.parse_arg(arg, setting="digits", model=optional(str), data=optional(str), noise=optional(float),
                               batch=optional(int), epochs=optional(int), coteach=False, gamma=0.01,
                               lr=optional(float), init="", temperature="fixed", warmup=optional(int),
-                              backbone="two_tower", head=optional(str))
+                              backbone="two_tower", head=optional(str), indicator=optional(str))
   a = config_lib.with_preset(args, PRESETS, args.setting)
   c = config_lib.base_config()
   c.method.name = "gsc"
@@ -56,6 +57,9 @@ def get_config(arg=None):
   c.loss.gamma = a.gamma
   # 'fixed': S / tau1 as the paper; 'model': the two-tower's learned logit scale replaces 1 / tau1.
   c.loss.temperature = a.temperature
+  # y_CM: 'softmax' (the public code's softmax diagonal) | 'max_ratio' (relative to the row's best match; see
+  # ncjax.losses.gsc.cross_modal_indicator: batches with many equivalent pairs cap 'softmax' at 1/duplicates)
+  c.loss.indicator = a.indicator
   if a.backbone == "sgraf":   # region features: the SGRAF preset's model and data, GSC's optimiser and schedule
     given = dict(model=args.model, data=args.data, batch=args.batch, lr=args.lr, head=args.head)
     region = dict(config_lib.REGION_PRESETS["paper" if args.setting == "paper" else "synthetic"],

@@ -53,7 +53,8 @@ class GSC(Method):
       sim = sim * jnp.exp(model.get_logit_scale()) * lc.tau1
     # Two-tower models: cosine structures; SGRAF (configs/gsc.py:backbone=sgraf): sigmoid(SGR) of image-image and
     # caption-caption pairs through the shared similarity head, as the public code.
-    return gsc.batch_loss(sim, model.image_structure(img), model.text_structure(txt), y, lc.tau1, lc.tau2, lc.gamma)
+    return gsc.batch_loss(sim, model.image_structure(img), model.text_structure(txt), y, lc.tau1, lc.tau2, lc.gamma,
+                          lc.get("indicator", "softmax"))
 
   def net_loss_fn(self, name: str):
     """The loss of network `name`, weighted by its peer's labels under co-teaching (its own otherwise)."""

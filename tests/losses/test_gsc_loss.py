@@ -107,3 +107,26 @@ def test_warmup_epochs_count_the_epochs_before_the_first_label_update(warmup, ac
     assert bool((np.asarray(new["model"]["y"]) < 1).any()) == active[epoch], (warmup, epoch)
     assert int(new["epoch"]) == epoch + 1
     state = dict(new, last_seen=jnp.full((64,), epoch + 1, jnp.int32), model=dict(state["model"]))
+
+
+def test_max_ratio_indicator_keeps_clean_pairs_near_one_when_a_batch_holds_equivalent_pairs():
+  """A batch of 4 classes x 5 pairs whose captions only name the class (equivalent pairs) plus 4 noisy pairs: the
+  public softmax diagonal caps every clean pair at ~1/5, 'max_ratio' gives them 1 and the noisy pairs ~0."""
+  labels = np.repeat(np.arange(4), 6)                  # 24 pairs, 6 per class
+  captions = labels.copy()
+  noisy = np.arange(24) % 6 == 5                        # the last pair of each class gets another class's caption
+  captions[noisy] = (labels[noisy] + 1) % 4
+  sim = np.where(labels[:, None] == captions[None, :], 0.8, 0.1).astype(np.float32)
+  soft = np.asarray(gsc.cross_modal_indicator(sim, 0.07, "softmax"))
+  ratio = np.asarray(gsc.cross_modal_indicator(sim, 0.07, "max_ratio"))
+  assert soft[~noisy].max() < 0.21                      # 1/5 (row) and 1/6 (column) of the tied equivalents
+  np.testing.assert_allclose(ratio[~noisy], 1.0, atol=1e-6)
+  assert ratio[noisy].max() < 1e-4 and soft[noisy].max() < 1e-4
+  # distinct pairs (the F30K case): the two agree on clean pairs up to the softmax's off-diagonal mass
+  s, _, _ = gsc_inputs()
+  both = [np.asarray(gsc.cross_modal_indicator(s, 0.07, k)) for k in ("softmax", "max_ratio")]
+  np.testing.assert_allclose(both[0][[0, 1, 2, 3, 5]], both[1][[0, 1, 2, 3, 5]], atol=1e-3)
+  with pytest.raises(ValueError, match="indicator"):
+    gsc.cross_modal_indicator(s, 0.07, "rank")
+  zeros = np.zeros((8, 8), np.float32)                  # degenerate: every score equal
+  assert np.all(np.isfinite(np.asarray(gsc.batch_loss(zeros, zeros, zeros, np.ones(8), indicator="max_ratio")[1]["y_cm"])))
