@@ -97,7 +97,14 @@ def cells_of(bench) -> list[Cell]:
         visit(need)
   for m in sorted(listed, key=lambda m: bool(METHODS[m].needs)):
     visit(m)
-  return [Cell(m, float(r), int(s)) for r in bench.noise for s in range(int(bench.seeds)) for m in order]
+  cells = [Cell(m, float(r), int(s)) for r in bench.noise for s in range(int(bench.seeds)) for m in order]
+  reference = bench.get("reference", "")
+  if reference:   # the clean-caption reference run of every seed, first (unless a noise level 0 already has it)
+    if reference not in METHODS or METHODS[reference].needs:
+      raise ValueError(f"bench.reference={reference!r}: expected a method that trains from scratch (e.g. 'clip')")
+    extra = [Cell(reference, 0.0, int(s)) for s in range(int(bench.seeds))]
+    cells = [c for c in extra if c not in cells] + cells
+  return cells
 
 
 def cell_config(bench, cell: Cell, workdir: str):
@@ -197,9 +204,26 @@ def write_csv(records: list[dict], path: str) -> str:
   return path
 
 
-def format_markdown(rows: list[dict]) -> str:
+def recovered_fraction(rows: list[dict], reference: str) -> dict:
+  """{(method, noise): fraction of the headline metric's drop that the method wins back}: with the reference
+  method's mean at noise 0 (clean captions) and at the same noise, (method − reference_noisy) / (reference_clean −
+  reference_noisy). The headline metric is zero-shot top-1 when reported, else rsum. Empty without a reference."""
+  key = next((k for k in KEY_METRICS if any(k in r for r in rows)), None)
+  by = {(r["method"], r["noise"]): r[key][0] for r in rows if key and key in r}
+  clean = by.get((reference, 0.0))
+  out = {}
+  for (method, noise), value in by.items():
+    noisy = by.get((reference, noise))
+    if clean is None or noisy is None or noise == 0.0 or clean - noisy <= 0:
+      continue
+    out[(method, noise)] = (value - noisy) / (clean - noisy)
+  return out
+
+
+def format_markdown(rows: list[dict], reference: str = "") -> str:
   from ncjax.logging_utils import render_table
   keys = [k for k in KEY_METRICS if any(k in r for r in rows)]
+  recovered = recovered_fraction(rows, reference) if reference else {}
 
   def cell(v, key):
     if v is None:
@@ -208,9 +232,16 @@ def format_markdown(rows: list[dict]) -> str:
     scale = 100.0 if key.endswith("acc1") else 1.0
     return f"{scale * mean:.1f} ± {scale * std:.1f}" if not key.endswith("auc") else f"{mean:.3f} ± {std:.3f}"
 
-  return render_table([("method", "left"), ("noise", "right"), ("seeds", "right")] + [(k, "right") for k in keys],
-                      [[r["method"], f"{r['noise']:.0%}", str(r["seeds"])] + [cell(r.get(k), k) for k in keys]
-                       for r in sorted(rows, key=lambda r: (r["noise"], r["method"]))])
+  extra = [("recovered", "right")] if recovered else []
+  return render_table(
+      [("method", "left"), ("noise", "right"), ("seeds", "right")] + [(k, "right") for k in keys] + extra,
+      [[r["method"], f"{r['noise']:.0%}", str(r["seeds"])] + [cell(r.get(k), k) for k in keys]
+       + ([_percent(recovered.get((r["method"], r["noise"])))] if recovered else [])
+       for r in sorted(rows, key=lambda r: (r["noise"], r["method"] != reference, r["method"]))])
+
+
+def _percent(x) -> str:
+  return "-" if x is None else f"{100 * x:.0f}%"
 
 
 def write_plots(rows: list[dict], records: list[dict], workdir: str) -> list[str]:
@@ -270,10 +301,13 @@ def run(config, workdir: str, log=print) -> dict:
   check_same_noise(records)
   rows = aggregate(records)
   write_csv(records, os.path.join(workdir, "results.csv"))
-  table = format_markdown(rows)
+  reference = bench.get("reference", "")
+  table = format_markdown(rows, reference)
   with open(os.path.join(workdir, "results.md"), "w") as f:
     f.write(f"NC-bench on {bench.data}: mean ± std over {int(bench.seeds)} seed(s); zero-shot in %, rsum in "
-            f"points, noise AUC of each method's clean score\n\n{table}\n")
+            f"points, noise AUC of each method's clean score"
+            + (f"; recovered: the share of the headline metric's drop from {reference} on clean captions to "
+               f"{reference} at that noise that the method wins back" if reference else "") + f"\n\n{table}\n")
   paths = write_plots(rows, records, workdir)
   log(table)
   log(f"results.csv, results.md and {len(paths)} plots under {workdir}")

@@ -12,7 +12,7 @@ from ncjax.evals import noise as noise_eval, plots
 
 
 def test_cells_put_each_methods_start_run_first_and_refuse_unknown_methods():
-  cfg = load_config("ncbench", "methods=gsc+ncu,noise=0.2+0.4,seeds=2")
+  cfg = load_config("ncbench", "methods=gsc+ncu,noise=0.2+0.4,seeds=2,reference=")
   cells = ncbench.cells_of(cfg.bench)
   assert [c.name for c in cells[:3]] == ["clip_noise0.2_seed0", "gsc_noise0.2_seed0", "ncu_noise0.2_seed0"]
   assert len(cells) == 2 * 2 * 3           # CLIP joins: NCU unlearns the CLIP run of its own cell
@@ -51,9 +51,11 @@ def test_roc_curve_area_equals_the_evaluators_auc():
 def test_sweep_on_digits_writes_table_curves_and_skips_finished_cells(tmp_path):
   cfg = load_config("ncbench", "methods=clip+gsc,noise=0.2+0.4,seeds=1,epochs=1,batch=128")
   out = ncbench.run(cfg, str(tmp_path), log=lambda *_: None)
-  assert len(out["records"]) == 4
+  assert len(out["records"]) == 5            # + the clean-caption CLIP reference (digits' default)
+  assert "recovered" in out["table"]
   rows = list(csv.DictReader(open(tmp_path / "results.csv")))
-  assert {(r["method"], r["noise"]) for r in rows} == {(m, n) for m in ("clip", "gsc") for n in ("0.2", "0.4")}
+  assert {(r["method"], r["noise"]) for r in rows} == {(m, n) for m in ("clip", "gsc") for n in ("0.2", "0.4")} | {
+      ("clip", "0.0")}
   for noise in ("0.2", "0.4"):     # the same noisy pairs for both methods
     assert len({r["noise_sha256"] for r in rows if r["noise"] == noise}) == 1
   assert (tmp_path / "results.md").read_text().count("±") >= 8
@@ -61,12 +63,12 @@ def test_sweep_on_digits_writes_table_curves_and_skips_finished_cells(tmp_path):
   first = json.loads((tmp_path / "runs" / "gsc_noise0.4_seed0" / "cell.json").read_text())
   lines = []
   again = ncbench.run(cfg, str(tmp_path), log=lines.append)      # finished cells are skipped, not retrained
-  assert sum("done before" in l for l in lines) == 4
+  assert sum("done before" in l for l in lines) == 5
   assert next(r for r in again["records"] if r["method"] == "gsc" and r["noise"] == 0.4) == first
 
 
 def test_compositions_start_from_their_cells_run_and_ncu_budget_is_its_unlearning_stage():
-  cfg = load_config("ncbench", "methods=gsc_then_ncu+bayes_then_ncu,noise=0.4,epochs=3")
+  cfg = load_config("ncbench", "methods=gsc_then_ncu+bayes_then_ncu,noise=0.4,epochs=3,reference=")
   cells = ncbench.cells_of(cfg.bench)
   assert [c.method for c in cells] == ["gsc", "bayes", "gsc_then_ncu", "bayes_then_ncu"]
   run = ncbench.cell_config(cfg.bench, cells[2], "/tmp/b")
@@ -76,7 +78,7 @@ def test_compositions_start_from_their_cells_run_and_ncu_budget_is_its_unlearnin
 
 
 def test_forget_set_compositions_read_the_scores_of_their_cells_method():
-  cfg = load_config("ncbench", "methods=ncu_gsc_forget+ncu_bayes_forget+ncu,noise=0.4")
+  cfg = load_config("ncbench", "methods=ncu_gsc_forget+ncu_bayes_forget+ncu,noise=0.4,reference=")
   cells = ncbench.cells_of(cfg.bench)
   assert [c.method for c in cells] == ["clip", "gsc", "bayes", "ncu_gsc_forget", "ncu_bayes_forget", "ncu"]
   run = ncbench.cell_config(cfg.bench, cells[3], "/tmp/b")
@@ -84,3 +86,23 @@ def test_forget_set_compositions_read_the_scores_of_their_cells_method():
   assert run.method.init_from == "/tmp/b/runs/clip_noise0.4_seed0"          # unlearns the CLIP model
   assert run.method.forget_scores == "/tmp/b/runs/gsc_noise0.4_seed0"       # with GSC's labels as forget scores
   assert ncbench.cell_config(cfg.bench, cells[5], "/tmp/b").method.forget_from == "batch"
+
+
+def test_clean_reference_runs_once_per_seed_and_the_table_shows_what_each_method_recovers():
+  cfg = load_config("ncbench", "methods=clip+gsc,noise=0+0.4,seeds=2")
+  assert cfg.bench.reference == "clip"                       # embedded data: clean-caption CLIP by default
+  names = [c.name for c in ncbench.cells_of(cfg.bench)]
+  assert names.count("clip_noise0_seed0") == 1 and len(names) == 2 * 2 * 2   # noise 0 already holds it
+  names = [c.name for c in ncbench.cells_of(load_config("ncbench", "methods=gsc,noise=0.4,seeds=2").bench)]
+  assert names == ["clip_noise0_seed0", "clip_noise0_seed1", "gsc_noise0.4_seed0", "gsc_noise0.4_seed1"]
+  assert load_config("ncbench", "data=tfds:web_pairs/mine,methods=gsc").bench.reference == ""   # real noise
+  with pytest.raises(ValueError, match="reference"):
+    ncbench.cells_of(load_config("ncbench", "methods=gsc,reference=ncu").bench)
+  records = [dict(method=m, noise=r, seed=0, noise_sha256=f"h{r}", seconds=1.0, metrics={"zeroshot/acc1": v})
+             for m, r, v in [("clip", 0.0, 0.9), ("clip", 0.4, 0.6), ("gsc", 0.4, 0.84), ("ncu", 0.4, 0.5)]]
+  rows = ncbench.aggregate(records)
+  rec = ncbench.recovered_fraction(rows, "clip")
+  assert rec[("gsc", 0.4)] == pytest.approx(0.8) and rec[("ncu", 0.4)] == pytest.approx(-1 / 3)
+  assert rec[("clip", 0.4)] == 0 and ("clip", 0.0) not in rec
+  table = ncbench.format_markdown(rows, "clip")
+  assert "recovered" in table and "80%" in table and "-33%" in table
