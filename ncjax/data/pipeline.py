@@ -119,10 +119,17 @@ class TrainData:
       out["label"] = self.split.image_labels[self.split.caption_to_image[idx]].astype(np.int32)
     return out
 
-  def host_batch(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-    """In-memory splits: images are already model-ready arrays."""
-    batch = dict(image=self.split.images[self.caption_to_image[idx]], tokens=self.tokens[idx],
-                 id=idx.astype(np.int32), **self._diagnostics(idx))
+  def host_batch(self, idx: np.ndarray, step: int | None = None) -> dict[str, np.ndarray]:
+    """In-memory splits: images are already model-ready arrays. With `augment` (and pixel images, not region
+    features) each example gets the random resized crop of the record path, drawn from PCG64([seed, step, j]) for
+    the example's global position j in the batch, so it survives resume and does not depend on the process count."""
+    images = self.split.images[self.caption_to_image[idx]]
+    if self.augment and step is not None and images.ndim == 4:
+      first = jax.process_index() * self.local_batch_size
+      images = preprocess.random_resized_crop_arrays(
+          images, [np.random.Generator(np.random.PCG64([self.seed, step, first + j])) for j in range(len(images))],
+          self.crop_scale)
+    batch = dict(image=images, tokens=self.tokens[idx], id=idx.astype(np.int32), **self._diagnostics(idx))
     batch["_skipped"] = np.zeros((), np.int32)
     return batch
 
@@ -171,7 +178,7 @@ class TrainData:
     options = grain.ReadOptions(num_threads=self.num_threads,
                                 prefetch_buffer_size=max(self.prefetch, self.num_threads))
     if self.in_memory:
-      ds = grain.MapDataset.range(start_step, stop_step).map(lambda s: self.host_batch(self.local_indices(s)))
+      ds = grain.MapDataset.range(start_step, stop_step).map(lambda s: self.host_batch(self.local_indices(s), s))
       return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=self.prefetch)))
     b = self.local_batch_size
     ds = grain.MapDataset.range(start_step * b, stop_step * b).map(self.example_at)

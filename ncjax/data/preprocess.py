@@ -108,6 +108,34 @@ def random_resized_crop_box(rng: np.random.Generator, width: int, height: int, s
   return (width - w) // 2, (height - h) // 2, w, h
 
 
+def _bilinear_matrix(out_size: int, start, length, in_size: int) -> np.ndarray:
+  """(..., out_size, in_size) weights resampling the window [start, start + length) of an axis to out_size samples
+  (bilinear, pixel centres aligned as PIL/torchvision; edge samples clamped); `start`, `length`: scalars or arrays."""
+  start, length = np.asarray(start, np.float64)[..., None], np.asarray(length, np.float64)[..., None]
+  centres = np.clip(start + (np.arange(out_size) + 0.5) * (length / out_size) - 0.5, 0.0, in_size - 1.0)
+  lo = np.floor(centres).astype(np.int64)
+  hi = np.minimum(lo + 1, in_size - 1)
+  frac = (centres - lo).astype(np.float32)
+  grid = np.arange(in_size)
+  # where lo == hi (the clamped edge) the two weights add up to 1
+  return ((grid == lo[..., None]) * (1.0 - frac)[..., None] + (grid == hi[..., None]) * frac[..., None]
+          ).astype(np.float32)
+
+
+def random_resized_crop_arrays(images: np.ndarray, rngs, scale=(0.9, 1.0)) -> np.ndarray:
+  """RandomResizedCrop on images that are already model-ready (B, H, W, C) float arrays (the in-memory datasets:
+  digits, synthetic), one generator per image: the same box distribution as `train_transform`, resampled back to
+  (H, W) bilinearly — two batched matrix products."""
+  images = np.asarray(images)
+  b, h_in, w_in, _ = images.shape
+  boxes = np.asarray([random_resized_crop_box(rng, w_in, h_in, scale) for rng in rngs]).reshape(b, 4)
+  rows = _bilinear_matrix(h_in, boxes[:, 1], boxes[:, 3], h_in)           # (B, H, H)
+  cols = _bilinear_matrix(w_in, boxes[:, 0], boxes[:, 2], w_in)           # (B, W, W)
+  chw = np.moveaxis(images.astype(np.float32), -1, 1)                      # (B, C, H, W)
+  out = rows[:, None] @ chw @ np.swapaxes(cols, 1, 2)[:, None]
+  return np.moveaxis(out, 1, -1).astype(images.dtype)
+
+
 def train_transform(image, size: int, rng: np.random.Generator, normalization: str = "openai",
                     scale=(0.9, 1.0)) -> np.ndarray:
   img = _to_pil(image)

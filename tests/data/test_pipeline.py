@@ -72,6 +72,32 @@ def test_in_memory_resume_order_and_subsets():
   assert set(ids.tolist()) <= set(sub.tolist())
 
 
+def test_in_memory_images_get_the_record_paths_random_resized_crop_keyed_by_step():
+  """digits / synthetic are model-ready arrays: `input.augment` crops and resamples them on the host (it was
+  silently ignored for them), deterministically per (seed, step, position), and leaves evaluation images alone."""
+  sp = digits.load("train")
+  tok = WordTokenizer.build(sp.captions, context_length=16)
+  plain = TrainData(sp, tok, 64, 1, _mesh(), augment=False)
+  aug = TrainData(sp, tok, 64, 1, _mesh(), crop_scale=(0.5, 1.0))
+  ids = aug.local_indices(3)
+  raw = plain.host_batch(ids, 3)["image"]
+  np.testing.assert_array_equal(raw, sp.images[sp.caption_to_image[ids]])
+  a, b = aug.host_batch(ids, 3)["image"], aug.host_batch(ids, 3)["image"]
+  np.testing.assert_array_equal(a, b)                                    # resume-exact: a function of the step
+  assert a.shape == raw.shape and a.dtype == raw.dtype
+  assert not np.array_equal(a, raw) and not np.array_equal(a, aug.host_batch(ids, 4)["image"])
+  lo, hi = raw.min(axis=(1, 2, 3)), raw.max(axis=(1, 2, 3))             # bilinear: convex combinations of pixels
+  assert np.all(a.min(axis=(1, 2, 3)) >= lo - 1e-5) and np.all(a.max(axis=(1, 2, 3)) <= hi + 1e-5)
+  rng = np.random.Generator(np.random.PCG64([1, 3, 5]))                 # example 5 of step 3: its own generator
+  np.testing.assert_allclose(a[5], preprocess.random_resized_crop_arrays(raw[5:6], [rng], (0.5, 1.0))[0], atol=1e-6)
+  whole = preprocess._bilinear_matrix(16, 0, 16, 16)                    # the full box is the identity
+  np.testing.assert_array_equal(whole, np.eye(16, dtype=np.float32))
+  x = raw[0, ..., 0]                                                     # PIL's bilinear resize of a crop box
+  pil = np.asarray(Image.fromarray(x, mode="F").resize((16, 16), Image.BILINEAR, box=(2, 3, 14, 13)))
+  ours = preprocess._bilinear_matrix(16, 3, 10, 16) @ x @ preprocess._bilinear_matrix(16, 2, 12, 16).T
+  np.testing.assert_allclose(ours, pil, atol=1e-5)
+
+
 def test_in_batch_resampling_counts_changes_and_is_keyed_by_step():
   tokens = jnp.arange(64 * 4).reshape(64, 4)
   key = jax.random.fold_in(jax.random.PRNGKey(0), 7)
