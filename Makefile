@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ncjax-installed
 
-.PHONY: demo test test-unit test-all chaos bench clean
+.PHONY: demo demo-all test test-unit test-all chaos bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,12 +16,16 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(PY) -m ncjax.demo
 
+# + concept unlearning (AC/HAC, MERU) and region-feature retrieval (SGRAF, GSC on SGRAF, DisNCL): ~25 minutes
+demo-all: $(STAMP)
+	$(PY) -m ncjax.demo --all
+
 # Tests are compile-bound (XLA compiles per process): one worker per usable core, counted from
 # the cgroup quota and memory, not `-n auto` (which sees the host's CPUs inside a container).
 WORKERS ?= $(shell $(PYTHON) tests/worker_count.py)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(WORKERS) -m "not slow" tests
+	$(PY) -m pytest -q -n $(WORKERS) -m "not slow" --durations=30 tests
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -n $(WORKERS) -m "not slow and not e2e" tests

@@ -35,6 +35,7 @@ class MethodSpec:
   args: str = ""
   start: str | None = None
   scores: str | None = None
+  two_tower: bool = True   # takes the bench's `model` (a two-tower size); region-feature methods keep their own
 
   @property
   def needs(self) -> tuple[str, ...]:
@@ -49,9 +50,9 @@ METHODS = {
     "gsc": MethodSpec("gsc"),
     "gsc_plus": MethodSpec("gsc", "coteach=true"),
     "bayes": MethodSpec("bayes"),
-    "sgraf": MethodSpec("sgraf"),
-    "gsc_sgraf": MethodSpec("gsc", "backbone=sgraf"),
-    "disncl": MethodSpec("disncl"),
+    "sgraf": MethodSpec("sgraf", two_tower=False),
+    "gsc_sgraf": MethodSpec("gsc", "backbone=sgraf", two_tower=False),
+    "disncl": MethodSpec("disncl", two_tower=False),
     # Compositions. NCU's unlearning applied after another method's run of the same cell:
     "gsc_then_ncu": MethodSpec("ncu", start="gsc"),
     "bayes_then_ncu": MethodSpec("ncu", start="bayes"),
@@ -60,6 +61,29 @@ METHODS = {
     "ncu_gsc_forget": MethodSpec("ncu", "forget_from=scores", start="clip", scores="gsc"),
     "ncu_bayes_forget": MethodSpec("ncu", "forget_from=scores", start="clip", scores="bayes"),
 }
+# One line per method for the legend under a table.
+DESCRIPTIONS = {
+    "clip": "CLIP InfoNCE (the baseline; at noise 0: the clean-caption reference)",
+    "siglip": "SigLIP sigmoid loss",
+    "ncu": "NCU: unlearning the CLIP run of its cell (forget set: each batch's least confident pairs)",
+    "ncu_ga": "gradient-ascent unlearning of the CLIP run (NCU paper's baseline)",
+    "gsc": "GSC: soft correspondence labels from cross-/intra-modal structure, GMM per epoch",
+    "gsc_plus": "GSC+: GSC with two co-teaching networks",
+    "bayes": "Bayesian CL: Gamma pair weights by Gibbs sampling (stochastic EM)",
+    "sgraf": "SGRAF hinge on region features",
+    "gsc_sgraf": "GSC on SGRAF's region backbone",
+    "disncl": "DisNCL: invariant/exclusive disentangling with filtration and soft targets",
+    "gsc_then_ncu": "composition: NCU unlearning the GSC run of its cell",
+    "bayes_then_ncu": "composition: NCU unlearning the Bayesian CL run of its cell",
+    "ncu_gsc_forget": "composition: NCU unlearning the CLIP run, forget set = lowest GSC soft labels per batch",
+    "ncu_bayes_forget": "composition: NCU unlearning the CLIP run, forget set = lowest Bayesian CL probabilities",
+}
+
+
+def legend(methods) -> str:
+  return "\n".join(f"  {m:<17} {DESCRIPTIONS.get(m, '')}" for m in dict.fromkeys(methods))
+
+
 # The metrics the table and the curves show (evaluator/metric), when the runs report them.
 KEY_METRICS = ("zeroshot/acc1", "retrieval/rsum", "retrieval/i2t_R@1", "retrieval/t2i_R@1", "noise_detection/auc")
 
@@ -117,6 +141,8 @@ def cell_config(bench, cell: Cell, workdir: str):
     args.append(f"epochs={int(bench.epochs)}")
   if bench.batch:
     args.append(f"batch={int(bench.batch)}")
+  if bench.get("model", "") and spec.two_tower:
+    args.append(f"model={bench.model}")
   if spec.start:
     args.append(f"init={run_dir(workdir, Cell(spec.start, cell.noise, cell.seed))}")
   if spec.scores:

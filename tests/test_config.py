@@ -94,7 +94,7 @@ def test_demo_workdirs_pass_through_a_config_argument():
   """The demo starts unlearning rows from earlier rows' workdirs via 'init=PATH': a comma in a row name's
   workdir would split the argument (it broke `make demo` once)."""
   from ncjax import demo
-  names = [row[0] for row in demo.ROWS + demo.CONCEPT_START + demo.CONCEPT_ROWS]
+  names = [row[0] for row in demo.CONCEPT_START + demo.CONCEPT_ROWS + demo.REGION_ROWS]
   for name in names:
     path = demo._workdir(name)
     assert parse_arg(f"variant=all,init={path}", variant="", init="").init == path

@@ -10,6 +10,8 @@ the scikit-learn row numbers. Test images get two captions each (different templ
 from __future__ import annotations
 
 import functools
+import itertools
+import string
 
 import numpy as np
 from PIL import Image
@@ -18,8 +20,8 @@ from ncjax.data.types import PairSplit
 
 CLASS_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
-# Zero-shot prompts: class-level only (no per-image attributes).
-ZEROSHOT_TEMPLATES = (
+# Zero-shot prompts, class-level only (no per-image attributes): template set 'digits_plain' (ncjax < 0.4's default).
+PLAIN_TEMPLATES = (
     "a photo of the number {}.",
     "a handwritten {}.",
     "the digit {}.",
@@ -37,6 +39,28 @@ _TEMPLATES = (
 _INK = ("faint", "medium", "heavy")
 _SLANT = ("leaning left", "upright", "leaning right")
 _WIDTH = ("narrow", "wide")
+
+
+
+def _attribute_ensemble() -> tuple[str, ...]:
+  """The caption templates with every attribute value filled in and the class left open — like CLIP's 80 ImageNet
+  prompts ('a bad photo of a {}', 'a photo of a large {}', ...), prompts in the style of the training captions that
+  marginalise the attributes out: no per-image information, so still zero-shot. (The numeral template is left out:
+  a class name cannot fill it.) On clean digits this ensemble scores 1.5-2.5 points above the plain prompts."""
+  values = dict(ink=_INK, slant=_SLANT, width=_WIDTH)
+  out = []
+  for template in _TEMPLATES:
+    fields = [f for _, f, _, _ in string.Formatter().parse(template) if f]
+    if "digit" in fields:
+      continue
+    keys = [f for f in fields if f != "name"]
+    for combo in itertools.product(*(values[k] for k in keys)):
+      out.append(template.format(name="{}", **dict(zip(keys, combo))))
+  return tuple(out)
+
+
+# Zero-shot prompts (template set 'digits', the default on digits): the attribute-marginalised caption templates.
+ZEROSHOT_TEMPLATES = _attribute_ensemble()
 
 MEAN, STD = 0.5, 0.5  # pixel normalisation: [0, 1] -> [-1, 1]
 TEST_FRACTION = 0.2

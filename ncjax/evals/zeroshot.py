@@ -26,7 +26,8 @@ def _builtin_templates() -> dict:
 
 
 def templates_for(name: str, dataset: str = ""):
-  """A template set: 'imagenet80' (CLIP paper), 'imagenet7' (OpenAI's subset), 'cifar', 'single', 'digits', 'auto'
+  """A template set: 'imagenet80' (CLIP paper), 'imagenet7' (OpenAI's subset), 'cifar', 'single', 'digits' (the
+  digits caption templates with their attributes marginalised), 'digits_plain' (four class-only prompts), 'auto'
   (the evaluated dataset's own CLIP prompts: digits', or CLIP_benchmark's for tfds:cifar10, tfds:imagenet2012, ...;
   imagenet80 otherwise), or a JSON file path holding a list of templates, or a {class name: [prompts]} dict
   (class-specific, CuPL-style)."""
@@ -40,6 +41,9 @@ def templates_for(name: str, dataset: str = ""):
   if name == "digits":
     from ncjax.data.digits import ZEROSHOT_TEMPLATES
     return ZEROSHOT_TEMPLATES
+  if name == "digits_plain":
+    from ncjax.data.digits import PLAIN_TEMPLATES
+    return PLAIN_TEMPLATES
   builtin = _builtin_templates()
   if name in builtin:
     return builtin[name]
@@ -51,7 +55,7 @@ def templates_for(name: str, dataset: str = ""):
     if isinstance(data, dict):
       return {k: tuple(v) for k, v in data.items()}
     raise ValueError(f"{name}: expected a JSON list of templates containing '{{}}' or a dict class -> prompts")
-  raise ValueError(f"unknown template set {name!r}; built in: {sorted(builtin) + ['digits']}, or a JSON file path")
+  raise ValueError(f"unknown template set {name!r}; built in: {sorted(builtin) + ['digits', 'digits_plain']}, or a JSON file path")
 
 
 def ensemble_sphere(template_embeddings: np.ndarray) -> np.ndarray:

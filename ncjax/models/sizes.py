@@ -16,6 +16,10 @@ SIZES: dict[str, dict] = {
                   text=dict(width=128, depth=4, heads=4, context_length=32, vocab_size=None)),
     "tiny": dict(embed_dim=64, image=dict(image_size=16, patch_size=4, width=64, depth=2, heads=2),
                  text=dict(width=64, depth=2, heads=2, context_length=16, vocab_size=None)),
+    # tiny with a 4-block image tower: NC-bench's and the demo's digits model. On clean digits captions (40 epochs)
+    # tiny's 2-block image tower reaches 89-90% zero-shot and a linear probe of 95%; 4 blocks reach 93-95% zero-shot.
+    "tiny_deep": dict(embed_dim=64, image=dict(image_size=16, patch_size=4, width=64, depth=4, heads=2),
+                      text=dict(width=64, depth=2, heads=2, context_length=16, vocab_size=None)),
     # Region-feature retrieval (ncjax.models.sgraf; image_type 'regions'): embed_dim is SGRAF's joint space, the
     # region feature size and the similarity head live in model.region. image_size is unused (features, not pixels).
     "sgraf": dict(embed_dim=1024, image=dict(image_size=0), text=dict(context_length=48, vocab_size=None)),
