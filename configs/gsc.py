@@ -16,8 +16,8 @@ optimiser (Adam, lr 2e-4, gradient clipping at 2 per network, lr x0.2 every 15 e
 
 indicator: y_CM, the cross-modal half of the soft label. 'softmax' is the public code's softmax diagonal (the
 paper preset); digits uses 'max_ratio' (the diagonal relative to its row's best match): ten classes put ~25
-same-class captions in every batch of 256, which caps a clean pair's softmax diagonal near 1/25, so the labels of
-clean and noisy pairs alike collapse towards 0 and mostly shrink the learning rate (ncjax.losses.gsc).
+same-class captions in every batch of 256, which caps a clean pair's softmax diagonal near 1/25: the labels collapse
+towards 0 and a clean pair's weight reflects its batch's class counts more than its cleanness (ncjax.losses.gsc).
 
 warmup: epochs trained with every label at 1 before the first label update. The public code has none: its first
 update runs at the end of epoch 0 (warmup=0); warmup=k runs it at the end of epoch k, so labels first weight the

@@ -20,7 +20,7 @@ from ncjax.data.types import PairSplit
 
 CLASS_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
-# Zero-shot prompts, class-level only (no per-image attributes): template set 'digits_plain' (ncjax < 0.4's default).
+# Zero-shot prompts, class-level only (no per-image attributes): template set 'digits_plain' (the default until 2026-11-22).
 PLAIN_TEMPLATES = (
     "a photo of the number {}.",
     "a handwritten {}.",

@@ -32,9 +32,9 @@ def cross_modal_indicator(sim, tau1: float = 0.07, indicator: str = "softmax"):
     'max_ratio' (ncjax's option): the diagonal's softmax relative to the largest of its row / column,
                 exp((S_ii - max_j S_ij) / tau1) — 1 when the paired caption is (one of) the image's best matches.
   With k semantically equivalent pairs in a batch (a 10-class dataset: ~B/10 captions per class) a clean pair's
-  softmax diagonal cannot exceed ~1/k, so 'softmax' labels collapse towards 1/k for clean and noisy pairs alike
-  and mostly scale the learning rate down; 'max_ratio' keeps clean pairs near 1. On F30K-like data (distinct
-  pairs) the two agree for clean pairs."""
+  softmax diagonal cannot exceed ~1/k, so 'softmax' labels collapse towards 1/k and a clean pair's weight reflects
+  how many equivalents its batch holds more than whether it is clean; 'max_ratio' keeps clean pairs near 1. On
+  F30K-like data (distinct pairs) the two agree for clean pairs."""
   if indicator not in INDICATORS:
     raise ValueError(f"GSC indicator {indicator!r}; expected one of {INDICATORS}")
   logits = f32(sim) / tau1
