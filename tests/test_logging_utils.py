@@ -37,3 +37,22 @@ def test_demo_tables_are_markdown_laid_out_by_rich():
   assert "| DisNCL " in lines[2] and "488.5" in lines[2] and "0.986" in lines[2]
   assert lines[3].split("|")[6].strip() == "-"          # an undefined AUC shows as '-', never 'nan'
   assert len({len(l) for l in lines}) == 1               # columns aligned
+
+
+def test_demo_prints_the_ncbench_table_its_legend_and_plots(tmp_path, monkeypatch, capsys):
+  """`make demo`'s output path (the sweep itself is NC-bench's, tested in tests/cli/test_ncbench.py)."""
+  from ncjax import demo, ncbench
+  records = [dict(method=m, noise=r, seed=0, noise_sha256="h", seconds=1.0, metrics={"zeroshot/acc1": v})
+             for m, r, v in [("clip", 0.0, 0.95), ("clip", 0.4, 0.86), ("gsc", 0.4, 0.88),
+                             ("ncu_gsc_forget", 0.4, 0.85)]]
+  rows = ncbench.aggregate(records)
+  fake = dict(records=records, rows=rows, table=ncbench.format_markdown(rows, "clip"), plots=["roc_noise0.4.png"])
+  monkeypatch.setattr(demo, "RESULTS_DIR", str(tmp_path))
+  monkeypatch.setattr(demo, "_setup_jax", lambda: __import__("jax"))
+  monkeypatch.setattr(demo, "run_ncbench", lambda: fake)
+  assert demo.main([]) == 0
+  out = capsys.readouterr().out
+  assert "recovered" in out and "22%" in out                     # (0.88 - 0.86) / (0.95 - 0.86)
+  assert "forget set = lowest GSC soft labels" in out            # the legend names the composition
+  assert "make demo-all" in out and "roc_noise0.4.png" in out
+  assert "recovered" in (tmp_path / "results.md").read_text()
