@@ -300,11 +300,8 @@ def write_plots(rows: list[dict], records: list[dict], workdir: str) -> list[str
 
 
 def _score_file(run: str) -> str | None:
-  eval_dir = os.path.join(run, "eval")
-  if not os.path.isdir(eval_dir):
-    return None
-  found = sorted(f for f in os.listdir(eval_dir) if f.endswith("_clean_scores.npz"))
-  return os.path.join(eval_dir, found[-1]) if found else None
+  from ncjax.evals.noise import latest_clean_scores
+  return latest_clean_scores(run)
 
 
 def run(config, workdir: str, log=print) -> dict:

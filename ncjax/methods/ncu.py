@@ -17,7 +17,6 @@ The model starts from a CLIP checkpoint produced by ncjax (`method.init_from`).
 from __future__ import annotations
 
 import os
-import re
 
 import jax
 import jax.numpy as jnp
@@ -217,15 +216,13 @@ def load_clean_scores(source: str, num_examples: int, noise_sha256: str | None =
                      "directory) or method.init_from naming the run whose scores to use")
   path = source
   if os.path.isdir(source):
-    eval_dir = os.path.join(source, "eval")
-    found = sorted((int(m.group(1)), f) for f in (os.listdir(eval_dir) if os.path.isdir(eval_dir) else ())
-                   if (m := re.fullmatch(r"step_(\d+)_clean_scores\.npz", f)))
-    if not found:
+    from ncjax.evals.noise import latest_clean_scores
+    path = latest_clean_scores(source)
+    if path is None:
       raise FileNotFoundError(
           f"{source} has no eval/step_<N>_clean_scores.npz: the run's noise_detection evaluator writes it at its "
           "final evaluation (evals.noise_detection with plot=True); run `ncjax eval --checkpoints=" + source
           + "` to write it")
-    path = os.path.join(eval_dir, found[-1][1])
   if not os.path.isfile(path):
     raise FileNotFoundError(f"method.forget_scores: no such file {path!r} (expected a *_clean_scores.npz)")
   with np.load(path) as data:
