@@ -41,3 +41,20 @@ def test_own_labelled_table_from_build_to_an_evaluated_comparison(tmp_path):
     saved = json.loads((workdir / "eval" / f"step_{res.experiment.steps_per_epoch}.json").read_text())
     assert saved["results"]["noise_detection"]["auc"] == det["auc"]
   assert set(results) == {"clip", "gsc"}
+
+  # NC-bench on the same table (the comparison a user of their own data runs): both methods on the table's own
+  # (real) noise, the held-out split's evaluators, ROC curves from the table's clean column; a re-run skips both.
+  from helpers import load_config
+  from ncjax import ncbench
+  bench = load_config("ncbench", "data=tfds:web_pairs/custom_table,noise=0,methods=clip+gsc,epochs=1,batch=8")
+  assert bench.bench.reference == "" and bench.bench.model == ""     # a user's data: no clean reference
+  with bench.unlocked():
+    bench.bench.data_dir = str(tmp_path / "tfds")
+  out = ncbench.run(bench, str(tmp_path / "bench"), log=lambda *_: None)
+  assert [r["method"] for r in out["records"]] == ["clip", "gsc"]
+  for r in out["records"]:
+    assert 0.0 <= r["metrics"]["zeroshot/acc1"] <= 1.0 and np.isfinite(r["metrics"]["noise_detection/auc"])
+  assert (tmp_path / "bench" / "roc_noise0.png").is_file() and "gsc" in out["table"]
+  lines = []
+  ncbench.run(bench, str(tmp_path / "bench"), log=lines.append)
+  assert sum("done before" in line for line in lines) == 2
