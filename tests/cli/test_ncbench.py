@@ -98,11 +98,15 @@ def test_clean_reference_runs_once_per_seed_and_the_table_shows_what_each_method
   assert load_config("ncbench", "data=tfds:web_pairs/mine,methods=gsc").bench.reference == ""   # real noise
   with pytest.raises(ValueError, match="reference"):
     ncbench.cells_of(load_config("ncbench", "methods=gsc,reference=ncu").bench)
-  records = [dict(method=m, noise=r, seed=0, noise_sha256=f"h{r}", seconds=1.0, metrics={"zeroshot/acc1": v})
+  records = [dict(method=m, noise=r, seed=0, noise_sha256=f"h{r}", seconds=1.0,
+                  metrics={"zeroshot/acc1": v, "retrieval/rsum": 300 * v})
              for m, r, v in [("clip", 0.0, 0.9), ("clip", 0.4, 0.6), ("gsc", 0.4, 0.84), ("ncu", 0.4, 0.5)]]
+  records[2]["metrics"]["retrieval/rsum"] = 225.0        # gsc: (225 - 180) / (270 - 180) = 50% of rsum's drop
   rows = ncbench.aggregate(records)
   rec = ncbench.recovered_fraction(rows, "clip")
   assert rec[("gsc", 0.4)] == pytest.approx(0.8) and rec[("ncu", 0.4)] == pytest.approx(-1 / 3)
   assert rec[("clip", 0.4)] == 0 and ("clip", 0.0) not in rec
+  assert ncbench.recovered_fraction(rows, "clip", "retrieval/rsum")[("gsc", 0.4)] == pytest.approx(0.5)
   table = ncbench.format_markdown(rows, "clip")
-  assert "recovered" in table and "80%" in table and "-33%" in table
+  assert "recovered zero-shot" in table and "recovered rsum" in table
+  assert "80%" in table and "-33%" in table and "50%" in table
