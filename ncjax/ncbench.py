@@ -323,7 +323,9 @@ def run(config, workdir: str, log=print) -> dict:
     remaining = sum(1 for c in cells[k + 1:] if not os.path.isfile(os.path.join(run_dir(workdir, c), "cell.json")))
     eta = per_cell * remaining
     took = "done before" if finished else f"{time.perf_counter() - t0:.0f}s"
-    log(f"[ncbench] {k + 1}/{len(cells)} {cell.name}: {took} | ETA {int(eta // 60)}:{int(eta % 60):02d}")
+    # no run trained yet in this invocation: nothing to estimate from
+    eta_text = f"{int(eta // 60)}:{int(eta % 60):02d}" if trained or not remaining else "?"
+    log(f"[ncbench] {k + 1}/{len(cells)} {cell.name}: {took} | ETA {eta_text}")
   check_same_noise(records)
   rows = aggregate(records)
   write_csv(records, os.path.join(workdir, "results.csv"))
