@@ -178,15 +178,10 @@ class GradientAscent(_ForgetStateMixin, SingleModelMethod):
   """NCU paper Sec. 5.3's gradient-ascent baseline: -L_CLIP on the per-batch forget set (selected as NCU does) plus
   label-smoothed L_CLIP on the retained set; both over the global batch's logits."""
 
-  def loss_fn(self, params, state, batch, rng):
-    del rng   # the forget set may come from the per-sample prior scores in `state`
-    loss, metrics = self.ascent_loss(self.bind(params).model, state, batch)
-    return loss, (metrics, self.update_state(state, batch, metrics))
+  loss_reads_state = True   # the forget set may come from the per-sample prior scores in `state`
 
-  def model_loss(self, model, batch, rng):
-    raise NotImplementedError("GradientAscent computes its loss in ascent_loss (it reads the method state)")
-
-  def ascent_loss(self, model, state, batch):
+  def model_loss(self, model, batch, rng, state):
+    del rng
     m, lc = self.config.method, self.config.loss
     img, txt = model.encode_image(batch["image"]), model.encode_text(batch["tokens"])
     scale = model.get_logit_scale()

@@ -48,6 +48,10 @@ class TwoTowerMethod(Method):
 class SingleModelMethod(TwoTowerMethod):
   """One TwoTower under the name 'model', one stage of `config.num_epochs`, one update of `model_loss`."""
 
+  # True: model_loss also takes the per-sample method state (model_loss(model, batch, rng, state)), e.g. a forget
+  # set selected by prior per-sample scores.
+  loss_reads_state: bool = False
+
   @abc.abstractmethod
   def model_loss(self, model, batch, rng):
     """(loss, metrics) of the bound model on a batch."""
@@ -63,7 +67,10 @@ class SingleModelMethod(TwoTowerMethod):
 
   def loss_fn(self, params, state, batch, rng):
     model = self.bind(params).model
-    loss, metrics = self.model_loss(model, batch, rng)
+    if self.loss_reads_state:
+      loss, metrics = self.model_loss(model, batch, rng, state)
+    else:
+      loss, metrics = self.model_loss(model, batch, rng)
     return loss, (metrics, self.update_state(state, batch, metrics))
 
   def stages(self):
