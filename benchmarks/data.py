@@ -62,12 +62,35 @@ def input_throughput(n_images: int = 1024, batch: int = 128, image_size: int = 2
               reader_threads=threads)
 
 
+def in_memory_augmentation(batch: int = 256, repeats: int = 20) -> dict:
+  """digits' host batch with and without `input.augment` (the batched bilinear random resized crop), one run."""
+  import ml_collections
+  from ncjax.data import digits
+  from ncjax.data.pipeline import TrainData
+  from ncjax.sharding import make_mesh
+  from ncjax.tokenizers import WordTokenizer
+  split = digits.load("train")
+  tok = WordTokenizer.build(split.captions, context_length=16)
+  mesh = make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1)))
+  out = {}
+  for augment in (False, True):
+    td = TrainData(split, tok, batch, 0, mesh, augment=augment)
+    td.host_batch(td.local_indices(0), 0)
+    t = time.perf_counter()
+    for s in range(repeats):
+      td.host_batch(td.local_indices(s), s)
+    out["augmented" if augment else "plain"] = (time.perf_counter() - t) / repeats
+  return dict(bench="in_memory_augmentation", batch=batch, plain_ms=1e3 * out["plain"],
+              augmented_ms=1e3 * out["augmented"], augmented_over_plain=out["augmented"] / out["plain"])
+
+
 def run(quick: bool = False) -> dict:
   from benchmarks import foundation
+  aug = in_memory_augmentation()
   inp = input_throughput(512 if quick else 2048)
   peak = foundation.matmul_peak()
   step = foundation.train_step("small", 2048, peak["peak_flops"], steps=1 if quick else 2)
-  payload = dict(input=inp, small_train_step=step,
+  payload = dict(input=inp, small_train_step=step, in_memory_augmentation=aug,
                  input_over_train=inp["images_per_sec"] / step["examples_per_sec"])
   common.write("data", payload)
   print("\nInput pipeline (tfds ArrayRecord -> decode JPEG -> random resized crop 224 -> normalise -> tokenise)")
@@ -76,4 +99,6 @@ def run(quick: bool = False) -> dict:
   print(f"\nsmall CLIP train step at global batch 2048: {step['examples_per_sec']:,.0f} examples/s; the input "
         f"pipeline delivers {payload['input_over_train']:.1f}x that -> "
         f"{'not input-bound' if payload['input_over_train'] > 1 else 'INPUT-BOUND'} on this host")
+  print(f"\ndigits host batch of {aug['batch']}: {aug['plain_ms']:.1f} ms plain, {aug['augmented_ms']:.1f} ms with the "
+        f"random resized crop ({aug['augmented_over_plain']:.1f}x; prefetched beside the step)")
   return payload
