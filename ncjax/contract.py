@@ -7,6 +7,8 @@ all speak the same types without importing each other.
   Update      one optimiser update inside a step: a pure loss over (params, method_state, batch, rng)
   Stage       a phase of training: its epochs, its updates, and what runs on the parameters after each update
   EvalModel   what evaluators need: encoders into the model's geometry and the score they rank by
+  latest_clean_scores  where a run's per-sample clean scores are saved (the noise-detection evaluator writes them,
+              a composed method reads them)
 """
 
 from __future__ import annotations
@@ -19,6 +21,20 @@ import jax
 import jax.numpy as jnp
 
 PyTree = Any
+
+# A run's per-sample clean scores (example-id order, with the clean flags and the noise index's sha256), as the
+# noise-detection evaluator saves them: RUN/eval/step_<N>_clean_scores.npz.
+CLEAN_SCORES_FILE = re.compile(r"step_(\d+)_clean_scores\.npz")
+
+
+def latest_clean_scores(run_dir: str) -> str | None:
+  """RUN_DIR/eval/step_<N>_clean_scores.npz of the largest N (what the evaluator last wrote), or None."""
+  import os
+  eval_dir = os.path.join(run_dir, "eval")
+  if not os.path.isdir(eval_dir):
+    return None
+  found = sorted((int(m.group(1)), f) for f in os.listdir(eval_dir) if (m := CLEAN_SCORES_FILE.fullmatch(f)))
+  return os.path.join(eval_dir, found[-1][1]) if found else None
 
 # Batch entries a method's loss must never see: ground truth kept for diagnostics only.
 DIAGNOSTIC_KEYS = ("clean", "label")

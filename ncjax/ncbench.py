@@ -274,6 +274,7 @@ def _percent(x) -> str:
 
 
 def write_plots(rows: list[dict], records: list[dict], workdir: str) -> list[str]:
+  from ncjax.contract import latest_clean_scores
   from ncjax.evals import plots
   paths = []
   for key in KEY_METRICS:
@@ -291,7 +292,7 @@ def write_plots(rows: list[dict], records: list[dict], workdir: str) -> list[str
     for r in records:
       if r["noise"] != noise or r["seed"] != 0:
         continue
-      found = _score_file(run_dir(workdir, Cell(r["method"], r["noise"], r["seed"])))
+      found = latest_clean_scores(run_dir(workdir, Cell(r["method"], r["noise"], r["seed"])))
       if found:
         data = np.load(found)
         if (~data["clean"]).any() and data["clean"].any():
@@ -300,11 +301,6 @@ def write_plots(rows: list[dict], records: list[dict], workdir: str) -> list[str
       paths.append(plots.plot_roc_curves(curves, os.path.join(workdir, f"roc_noise{noise:g}.png"),
                                          f"noise detection at {noise:.0%} noise (seed 0)"))
   return paths
-
-
-def _score_file(run: str) -> str | None:
-  from ncjax.evals.noise import latest_clean_scores
-  return latest_clean_scores(run)
 
 
 def run(config, workdir: str, log=print) -> dict:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,16 +82,6 @@ class NoiseDetection(Evaluator):
                           clean=np.asarray(td.clean, bool), noise_sha256=np.asarray(td.noise_sha256 or ""),
                           method=np.asarray(exp.method.name))
     return metrics
-
-
-def latest_clean_scores(run_dir: str) -> str | None:
-  """RUN_DIR/eval/step_<N>_clean_scores.npz of the largest N (what the evaluator last wrote), or None."""
-  eval_dir = os.path.join(run_dir, "eval")
-  if not os.path.isdir(eval_dir):
-    return None
-  found = sorted((int(m.group(1)), f) for f in os.listdir(eval_dir)
-                 if (m := re.fullmatch(r"step_(\d+)_clean_scores\.npz", f)))
-  return os.path.join(eval_dir, found[-1][1]) if found else None
 
 
 def pair_scores(eval_model, train_data, batch_size, mesh) -> np.ndarray:

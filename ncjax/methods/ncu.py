@@ -26,7 +26,7 @@ from flax import nnx
 from ncjax.losses import contrastive, ncu as ncu_loss
 from ncjax.methods.base import ParamGroup, Stage, Update
 from ncjax.methods.registry import register
-from ncjax.contract import chain_post_updates
+from ncjax.contract import chain_post_updates, latest_clean_scores
 from ncjax.methods.two_tower import SingleModelMethod, TwoTowerMethod, clamp_logit_scale, stored_clamps
 from ncjax.models.prompt import NegativePrompt, encode_negative_text
 from ncjax.numerics import MAX_LOGIT_SCALE
@@ -211,7 +211,6 @@ def load_clean_scores(source: str, num_examples: int, noise_sha256: str | None =
                      "directory) or method.init_from naming the run whose scores to use")
   path = source
   if os.path.isdir(source):
-    from ncjax.evals.noise import latest_clean_scores
     path = latest_clean_scores(source)
     if path is None:
       raise FileNotFoundError(
