@@ -255,8 +255,8 @@ def format_markdown(rows: list[dict], reference: str = "") -> str:
   recovered = {k: rec for k in RECOVERED_METRICS if reference and (rec := recovered_fraction(rows, reference, k))}
 
   def cell(v, key):
-    if v is None:
-      return "-"
+    if v is None or not np.isfinite(v[0]):
+      return "-"  # not measured, or undefined (the clean reference has no noisy pairs to detect)
     mean, std = v
     scale = 100.0 if key.endswith("acc1") else 1.0
     return f"{scale * mean:.1f} ± {scale * std:.1f}" if not key.endswith("auc") else f"{mean:.3f} ± {std:.3f}"

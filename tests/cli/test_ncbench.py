@@ -101,6 +101,8 @@ def test_clean_reference_runs_once_per_seed_and_the_table_shows_what_each_method
   records = [dict(method=m, noise=r, seed=0, noise_sha256=f"h{r}", seconds=1.0,
                   metrics={"zeroshot/acc1": v, "retrieval/rsum": 300 * v})
              for m, r, v in [("clip", 0.0, 0.9), ("clip", 0.4, 0.6), ("gsc", 0.4, 0.84), ("ncu", 0.4, 0.5)]]
+  for r in records:   # the clean run has no noisy pairs: its detection AUC is undefined (NaN), shown as "-"
+    r["metrics"]["noise_detection/auc"] = float("nan") if r["noise"] == 0 else 0.75
   records[2]["metrics"]["retrieval/rsum"] = 225.0        # gsc: (225 - 180) / (270 - 180) = 50% of rsum's drop
   rows = ncbench.aggregate(records)
   rec = ncbench.recovered_fraction(rows, "clip")
@@ -110,3 +112,5 @@ def test_clean_reference_runs_once_per_seed_and_the_table_shows_what_each_method
   table = ncbench.format_markdown(rows, "clip")
   assert "recovered zero-shot" in table and "recovered rsum" in table
   assert "80%" in table and "-33%" in table and "50%" in table
+  clean_row = next(line for line in table.splitlines() if "|    0% |" in line)
+  assert "nan" not in table and clean_row.split("|")[-4].strip() == "-", table   # AUC column of the clean run
