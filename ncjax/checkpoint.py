@@ -19,6 +19,27 @@ import orbax.checkpoint as ocp
 
 log = logging.getLogger("ncjax")
 
+# Orbax's replica-parallel save splits every replicated array (parameters, optimiser moments on a data-parallel
+# mesh) across its replicas and cuts each piece out on device: one dispatched slice per replica per leaf, over a
+# thousand tiny device ops (and their compiles) per save of a small model, which made a save cost ~2x a train step
+# of the test suite's models. The split only pays where a slice is large enough for parallel writes to matter, so
+# it is kept for slices of at least this many bytes (the big arrays of a pod-scale run). The handler is orbax's
+# default one otherwise (same array-metadata store); orbax 0.12 has no public handle on either, hence the _src
+# imports (orbax is pinned to 0.12.x in setup.cfg; tests/test_checkpoint.py checks that small leaves are not sliced).
+MIN_REPLICA_PARALLEL_SLICE_BYTES = 4 << 20
+
+
+def _register_array_handler():
+  from orbax.checkpoint._src.metadata import array_metadata_store
+  from orbax.checkpoint._src.serialization import type_handler_registry
+  type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(
+      jax.Array, ocp.type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(),
+                                                min_slice_bytes_for_replica_parallel=MIN_REPLICA_PARALLEL_SLICE_BYTES),
+      override=True, ignore_warnings=True)
+
+
+_register_array_handler()
+
 
 def git_hash() -> str:
   try:
