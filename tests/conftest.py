@@ -18,6 +18,10 @@ runtime.configure_cpu_devices(8)
 
 import jax  # noqa: E402
 
+import shared_programs  # noqa: E402  (tests/shared_programs.py: one compile per distinct program per worker)
+
+shared_programs.install()
+
 import absl.logging  # noqa: E402
 import pytest  # noqa: E402
 
