@@ -24,12 +24,15 @@ def test_cli_trains_siglip_with_periodic_evals_tensorboard_and_resume(tmp_path):
   assert [r["step"] for r in eval_rows] == [4] and 0.0 <= eval_rows[0]["zeroshot/acc1"] <= 1.0
   assert any(f.startswith("events") for f in os.listdir(tmp_path / "tensorboard"))
   assert json.loads((tmp_path / "eval" / "step_4.json").read_text())["results"]["retrieval"]["rsum"] >= 0
-  # Same command again (no --until_step): resumes from step 4 and finishes the epoch.
-  args[-1] = "--config.ckpt.keep=2"
+  # Same command again, to step 8: resumes from step 4.
+  args[-1] = "--until_step=8"
   out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
   assert out.returncode == 0, out.stderr[-3000:]
+  assert "resumed from step 4" in out.stderr, out.stderr[-3000:]
   steps = sorted(int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit())
-  assert steps[0] == 4 and steps[-1] > 4
+  assert steps[0] == 4 and steps[-1] == 8
+  rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if r["kind"] == "train"] == [2, 4, 6, 8]
 
 
 def test_console_script_help_lists_the_commands():
