@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ncjax.losses import ac, bayes, chunked, contrastive, gsc, ncu
+from ncjax.losses import ac, bayes, chunked, contrastive, disncl, gsc, ncu
 from ncjax.models import lorentz
 from ncjax.ot import KernelSinkhorn, OttSinkhorn, ReferenceSinkhorn
 from ncjax.samplers import gamma, gmm
@@ -148,12 +148,14 @@ def test_gsc_loss_and_label_update(b, labels):
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(p))
 
 
-@jax.jit
-def _bayes(key, logits, b_pos, b_neg):
+def _bayes_fn(key, logits, b_pos, b_neg):
   lu, lwp, lwn = gamma.gibbs_log(key, jnp.diagonal(logits), logits, b_pos=b_pos, b_neg=b_neg,
                                  neg_mask=~jnp.eye(N, dtype=bool))
   value, grad = jax.value_and_grad(lambda z: bayes.weighted_infonce(z, lwp, lwn, lwp, lwn)[0])(logits)
   return lu, lwp, value, grad
+
+
+_bayes = jax.jit(_bayes_fn)
 
 
 @SETTINGS
@@ -197,21 +199,47 @@ def test_a_batch_of_one():
 
 
 def test_a_batch_of_one_per_device_sharded_equals_unsharded(devices):
-  """Global batch 8 on 8 devices (one example each): the losses see the whole batch, same values as unsharded."""
+  """Global batch 8 on 8 devices (one example each): every loss sees the whole batch, same values and gradients as
+  unsharded (InfoNCE/SigLIP, NCU, AC, HAC, DisNCL), and Bayes' Gibbs draws are the same under the mesh."""
   from jax.sharding import NamedSharding, PartitionSpec as P
   mesh = jax.sharding.Mesh(np.array(devices), ("data",))
   rng = np.random.default_rng(1)
   v, t, tn = _rows("random", rng), _rows("duplicated_images", rng), _rows("identical", rng)
   shard = lambda x: jax.device_put(x, NamedSharding(mesh, P("data")))
   forget = jnp.asarray(_forget("half"))
-  for fn, args in ((_contrastive_vg, (v, t, jnp.float32(4.6))),
-                   (_ncu_vg, (v, t, tn, jnp.float32(4.6), forget))):
+  hyp = [_exp_map0(x) for x in (v, t, t, tn)]
+  sim = jnp.asarray(v @ t.T)
+  # HAC: Lorentz-distance logits of ~100 x d summed in another order on 8 devices; its loss is ~300 here, so the
+  # float32 reduction-order differences reach ~2^-12 in gradients of order 1 (AC, on cosines: ~1e-6).
+  for fn, args, atol in ((_contrastive_vg, (v, t, jnp.float32(4.6)), 1e-6),
+                         (_ncu_vg, (v, t, tn, jnp.float32(4.6), forget), 1e-6),
+                         (_ac_vg, (v, t, t, tn, jnp.float32(4.6)), 1e-5),
+                         (_hac_vg, (*hyp, jnp.float32(4.6)), 1e-3),
+                         (_disncl_vg, (sim, sim), 1e-6)):
     value, grads = fn(*args)
     value_sh, grads_sh = fn(*[shard(a) if a.ndim else a for a in map(jnp.asarray, args)])
     _finite(value_sh, grads_sh)
     np.testing.assert_allclose(value_sh, value, rtol=1e-5)
     for g, g_sh in zip(grads, grads_sh):
-      np.testing.assert_allclose(g_sh, g, rtol=1e-4, atol=1e-6)
+      np.testing.assert_allclose(g_sh, g, rtol=1e-4, atol=atol, err_msg=str(fn))
+  # Bayesian CL under the mesh, as the trainer runs it: the Gibbs draws go device-local (shard_map, one key per
+  # row), so the pair weights, and the weighted loss and its gradient, equal the unsharded ones.
+  logits = jnp.asarray(np.exp(2.66) * (v @ t.T), jnp.float32)
+  hyper = (jnp.float32(6.0), jnp.float32(10.0))
+  plain = _bayes(jax.random.PRNGKey(3), logits, *hyper)
+  with jax.set_mesh(mesh):
+    sharded = jax.jit(_bayes_fn)(jax.random.PRNGKey(3), shard(logits), *hyper)
+  for a, b in zip(plain, sharded):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+
+
+def _disncl(s, target):
+  margins = disncl.soft_margin(disncl.diagonal_confidence(s, 0.1))
+  return (disncl.align_loss(s, margins)[0] + disncl.soft_loss(s, target, beta3=0.5, temperature=0.1)[0]
+          + disncl.soft_infonce(s, jax.nn.sigmoid(target), temperature=0.1)[0])
+
+
+_disncl_vg = _value_and_grad(_disncl, 1)
 
 
 def test_truly_invalid_inputs_are_clear_errors():

@@ -96,6 +96,7 @@ def test_calibration_runs_from_its_start_model_and_reports_forget_retain_metrics
     assert "unlearning" in json.load(f)["results"]
 
 
+@pytest.mark.slow   # make test: the loss on one example per device (tests/test_degenerate_properties.py)
 def test_hac_step_on_8_devices_equals_1(start_models, tmp_path, devices):
   cfg = make_config("hac", f"init={start_models[1]},batch=32", total_steps=2)
   eight = train.train(cfg, str(tmp_path / "8"))

@@ -28,7 +28,8 @@ def ncr_precomp(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name,arg,extra", [
-    ("sgraf", "batch=8,epochs=1", {"loss.all_negatives_epochs": 1}),
+    # make test runs DisNCL's (the same precomp path, SGRAF backbone, two stages); SGRAF's own in make test-all
+    pytest.param("sgraf", "batch=8,epochs=1", {"loss.all_negatives_epochs": 1}, marks=pytest.mark.slow),
     # GSC's label machinery is the two-tower one (tested there); its SGRAF structures are tested in
     # tests/models/test_sgraf_model.py.
     pytest.param("gsc", "backbone=sgraf,batch=8,epochs=2,warmup=0", {}, marks=pytest.mark.slow),
@@ -52,6 +53,7 @@ def test_region_methods_train_and_evaluate_from_ncr_precomp_files(name, arg, ext
   assert np.isfinite(out["noise_detection"]["auc"])
 
 
+@pytest.mark.slow   # make test: DisNCL's losses on one example per device (tests/test_degenerate_properties.py)
 def test_disncl_steps_on_8_devices_equal_steps_on_1(tmp_path, devices):
   cfg = make_config("disncl", "batch=64,warmup=0", total_steps=2, **TINY)
   eight = train.train(cfg, str(tmp_path / "8"))
