@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ROOT, tiny_clip_config
+from helpers import ROOT, load_config, tiny_clip_config
 from ncjax import checkpoint as ckpt_lib
 from ncjax import train
 
@@ -34,20 +34,30 @@ def _with_file_size_limit(args, kib=64):
   return ["bash", "-c", f"trap '' XFSZ; ulimit -f {kib}; exec \"$@\"", "bash", *args]
 
 
-def test_checkpoint_write_failure_mid_run_keeps_the_last_checkpoint_and_resumes(tmp_path):
+def test_checkpoint_write_failure_mid_run_keeps_the_last_checkpoint_and_resumes(tmp_path, caplog):
   """The disk fills up during a run (here: a 64 KiB file-size limit on the trainer process, which fails
   tensorstore's writes as a full disk would): one clear line, exit code 2, the earlier checkpoints intact, and
-  the same command later resumes from the last of them."""
+  the same run later resumes from the last of them. The run before and after the failure train in this process
+  (the same config as the command's), the failing one is the command under the limit."""
+  overrides = {"log.progress": False, "log.every_steps": 1, "ckpt.every_steps": 1,
+               "evals.zeroshot.enabled": False, "evals.retrieval.enabled": False,
+               "evals.noise_detection.enabled": False}
+  cfg = load_config("clip", "noise=0.4,batch=64,epochs=1")
+  with cfg.unlocked():
+    for key, value in overrides.items():
+      section, *rest = key.split(".")
+      node = cfg[section]
+      for name in rest[:-1]:
+        node = node[name]
+      node[rest[-1]] = value
+  assert int(train.train(cfg, str(tmp_path), until=2).state["step"]) == 2
   args = [sys.executable, "-m", "ncjax.main", "--config=configs/clip.py:noise=0.4,batch=64,epochs=1",
-          f"--workdir={tmp_path}", "--cpu_devices=8", "--config.log.progress=False", "--config.log.every_steps=1",
-          "--config.ckpt.every_steps=1", "--config.evals.zeroshot.enabled=False",
-          "--config.evals.retrieval.enabled=False", "--config.evals.noise_detection.enabled=False"]
+          f"--workdir={tmp_path}", "--cpu_devices=8", "--until_step=4"] + [f"--config.{k}={v}"
+                                                                            for k, v in overrides.items()]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  out = subprocess.run(args + ["--until_step=2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  out = subprocess.run(_with_file_size_limit(args + ["--until_step=4"]), cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=600)
+  out = subprocess.run(_with_file_size_limit(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert out.returncode == 2, out.stderr[-3000:]
+  assert "resumed from step 2" in out.stderr, out.stderr[-3000:]
   assert ("ncjax: error: saving the checkpoint of step" in out.stderr and "File too large" in out.stderr
           and "the last complete checkpoint (step 2) is intact" in out.stderr), out.stderr[-3000:]
   manager = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
@@ -55,9 +65,9 @@ def test_checkpoint_write_failure_mid_run_keeps_the_last_checkpoint_and_resumes(
   manager.close()
   state, _, step = ckpt_lib.restore_state_on_host(str(tmp_path))
   assert step == 2 and all(np.isfinite(x).all() for x in __import__("jax").tree.leaves(state["params"]))
-  out = subprocess.run(args + ["--until_step=4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert "resumed from step 2" in out.stderr
+  with caplog.at_level("INFO", logger="ncjax"):
+    assert int(train.train(cfg, str(tmp_path), until=4).state["step"]) == 4
+  assert "resumed from step 2" in caplog.text
   rows = [__import__("json").loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4]
 
