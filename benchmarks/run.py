@@ -9,7 +9,7 @@ import sys
 
 def main(argv=None):
   parser = argparse.ArgumentParser()
-  parser.add_argument("--suites", default="foundation,data,tokenizer,ncu,steps,gsc_bayes,scale,region",
+  parser.add_argument("--suites", default="foundation,data,checkpoint,tokenizer,ncu,steps,gsc_bayes,scale,region",
                       help="comma-separated suites to run")
   parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run of the benchmarks)")
   args = parser.parse_args(argv)
@@ -18,8 +18,9 @@ def main(argv=None):
   runtime.configure_cpu_devices(int(os.environ.get("NCJAX_BENCH_CPU_DEVICES", "8")))
   import absl.logging
   absl.logging.set_verbosity(absl.logging.WARNING)
-  from benchmarks import common, data, foundation, gsc_bayes, ncu, region, scale, steps, tokenizer
-  suites = {"foundation": foundation.run, "data": data.run, "tokenizer": tokenizer.run, "ncu": ncu.run,
+  from benchmarks import checkpoint, common, data, foundation, gsc_bayes, ncu, region, scale, steps, tokenizer
+  suites = {"foundation": foundation.run, "data": data.run, "checkpoint": checkpoint.run,
+            "tokenizer": tokenizer.run, "ncu": ncu.run,
             "steps": steps.run, "gsc_bayes": gsc_bayes.run, "scale": scale.run,
             "region": region.run}
   for name in args.suites.split(","):
