@@ -31,19 +31,14 @@ def _train_state(size: str, workdir: str):
 
 @contextlib.contextmanager
 def _array_handler(kind: str):
-  """Register orbax's default jax.Array handler for the block ('orbax'), then ncjax's again."""
-  import orbax.checkpoint as ocp
-  from orbax.checkpoint._src.metadata import array_metadata_store
-  from orbax.checkpoint._src.serialization import type_handler_registry
+  """orbax's default jax.Array handler for the block ('orbax'), then ncjax's again."""
   from ncjax import checkpoint as ckpt_lib
   if kind == "orbax":
-    type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(
-        jax.Array, ocp.type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store()),
-        override=True, ignore_warnings=True)
+    ckpt_lib.register_array_handler(None)
   try:
     yield
   finally:
-    ckpt_lib._register_array_handler()
+    ckpt_lib.register_array_handler()
 
 
 def _device_slices(fn):

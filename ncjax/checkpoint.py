@@ -29,16 +29,17 @@ log = logging.getLogger("ncjax")
 MIN_REPLICA_PARALLEL_SLICE_BYTES = 4 << 20
 
 
-def _register_array_handler():
+def register_array_handler(min_replica_parallel_slice_bytes: int | None = MIN_REPLICA_PARALLEL_SLICE_BYTES):
+  """Orbax's jax.Array handler for every save in this process; None: orbax's default (slices of any size)."""
   from orbax.checkpoint._src.metadata import array_metadata_store
   from orbax.checkpoint._src.serialization import type_handler_registry
   type_handler_registry.GLOBAL_TYPE_HANDLER_REGISTRY.add(
       jax.Array, ocp.type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(),
-                                                min_slice_bytes_for_replica_parallel=MIN_REPLICA_PARALLEL_SLICE_BYTES),
+                                                min_slice_bytes_for_replica_parallel=min_replica_parallel_slice_bytes),
       override=True, ignore_warnings=True)
 
 
-_register_array_handler()
+register_array_handler()
 
 
 def git_hash() -> str:

@@ -19,6 +19,12 @@ def make_config(name: str, arg: str = "", **overrides):
     cfg.evals = {}
     cfg.log.progress = False
     cfg.ckpt.async_save = False
+  return override(cfg, **overrides)
+
+
+def override(cfg, **overrides):
+  """Set dotted keys (`**{"optim.lr": 1e-3}`) in place, as `--config.optim.lr=1e-3` would; returns cfg."""
+  with cfg.unlocked():
     for key, value in overrides.items():
       node = cfg
       *parents, leaf = key.split(".")

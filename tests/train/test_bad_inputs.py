@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ROOT, load_config, tiny_clip_config
+from helpers import ROOT, load_config, override, tiny_clip_config
 from ncjax import checkpoint as ckpt_lib
 from ncjax import train
 
@@ -42,14 +42,7 @@ def test_checkpoint_write_failure_mid_run_keeps_the_last_checkpoint_and_resumes(
   overrides = {"log.progress": False, "log.every_steps": 1, "ckpt.every_steps": 1,
                "evals.zeroshot.enabled": False, "evals.retrieval.enabled": False,
                "evals.noise_detection.enabled": False}
-  cfg = load_config("clip", "noise=0.4,batch=64,epochs=1")
-  with cfg.unlocked():
-    for key, value in overrides.items():
-      section, *rest = key.split(".")
-      node = cfg[section]
-      for name in rest[:-1]:
-        node = node[name]
-      node[rest[-1]] = value
+  cfg = override(load_config("clip", "noise=0.4,batch=64,epochs=1"), **overrides)
   assert int(train.train(cfg, str(tmp_path), until=2).state["step"]) == 2
   args = [sys.executable, "-m", "ncjax.main", "--config=configs/clip.py:noise=0.4,batch=64,epochs=1",
           f"--workdir={tmp_path}", "--cpu_devices=8", "--until_step=4"] + [f"--config.{k}={v}"
