@@ -207,7 +207,10 @@ def test_a_batch_of_one_per_device_sharded_equals_unsharded(devices):
   v, t, tn = _rows("random", rng), _rows("duplicated_images", rng), _rows("identical", rng)
   shard = lambda x: jax.device_put(x, NamedSharding(mesh, P("data")))
   forget = jnp.asarray(_forget("half"))
-  hyp = [_exp_map0(x) for x in (v, t, t, tn)]
+  # HAC on distinct points: between identical points (t against itself) acosh's argument is 1 up to rounding, and
+  # which side of MERU's clamp it lands on, slope 0 or up to 1e4, depends on the summation order, so a duplicate has
+  # no gradient to compare across shardings (that it stays finite is test_alignment_calibration's property).
+  hyp = [_exp_map0(_rows("random", rng)) for _ in range(4)]
   sim = jnp.asarray(v @ t.T)
   # HAC: Lorentz-distance logits of ~100 x d summed in another order on 8 devices; its loss is ~300 here, so the
   # float32 reduction-order differences reach ~2^-12 in gradients of order 1 (AC, on cosines: ~1e-6).

@@ -24,9 +24,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from ott.geometry import geometry
-from ott.problems.linear import linear_problem
-from ott.solvers.linear import sinkhorn
 
 from ncjax.registry import Registry
 
@@ -56,6 +53,12 @@ def masked_sinkhorn_with_info(cost, mask, a=None, b=None, *, epsilon: float, max
   if epsilon is None or not epsilon > 0:
     raise ValueError(f"masked_sinkhorn needs an explicit epsilon > 0 (got {epsilon}); with +inf costs ott's "
                      f"default epsilon is NaN")
+  # ott is imported here, not at module level: its package import pulls in scipy.stats, jaxopt and all of ott's
+  # solvers (~2 s per process), which every `ncjax` command and trainer process would pay for a solver that only
+  # `loss.solver=ott` uses.
+  from ott.geometry import geometry
+  from ott.problems.linear import linear_problem
+  from ott.solvers.linear import sinkhorn
   cost, mask, a, b = _check(cost, mask, a, b)
   masked_cost = jnp.where(mask, cost, jnp.inf).T
   geom = geometry.Geometry(cost_matrix=masked_cost, epsilon=epsilon)

@@ -119,7 +119,8 @@ def test_remat_gives_identical_values_and_gradients():
   v2, gr2 = jax.jit(jax.value_and_grad(lambda p: loss(g2, p)))(p2)
   assert float(v1) == pytest.approx(float(v2), rel=1e-6)
   for a, b in zip(jax.tree.leaves(gr1), jax.tree.leaves(gr2)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    # the same arithmetic, fused differently when recomputed: equal to float32 rounding (gradients of order 10)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
 def test_text_pooling_reads_the_eot_token_and_ignores_padding():
