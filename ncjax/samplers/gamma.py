@@ -17,46 +17,73 @@ loop iteration would need a cross-device reduction.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
-def log_gamma(key, a, shape, trials: int = 3):
-  """log of Gamma(a, 1) draws of `shape` (a may broadcast), exact: Marsaglia & Tsang's method with `trials`
-  proposals per entry drawn at once, the first accepted one kept; the rare entries with none accepted (acceptance
-  is above 95% per proposal for a >= 1) are redrawn in a while loop that usually runs zero times. a < 1 uses the
-  boost Gamma(a) = Gamma(a + 1) U^(1/a). A fixed number of vectorised proposals replaces jax.random.loggamma's
-  per-element rejection loop: about 3x faster on the N^2 weights of a Gibbs sweep, same distribution (KS tests)."""
-  a = jnp.broadcast_to(jnp.asarray(a, jnp.float32), shape)
-  boost = a < 1.0
-  d = jnp.where(boost, a + 1.0, a) - 1.0 / 3.0
+def _static_at_least_one(a) -> bool:
+  """True when `a` is a concrete value (not traced) with every entry >= 1: then no draw needs the a < 1 boost."""
+  try:
+    return bool(np.all(np.asarray(a) >= 1.0))
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, TypeError):
+    return False
+
+
+def _marsaglia_tsang(key, d, c, trials: int):
+  """`trials` Marsaglia & Tsang proposals for each entry of d = a - 1/3, c = 1 / sqrt(9 d) (a >= 1): the log of
+  the first accepted v^3 (so Gamma(a, 1) = d v^3) and whether any was accepted."""
+  kx, ku = jax.random.split(key)
+  x = jax.random.normal(kx, (trials,) + d.shape)
+  u = jax.random.uniform(ku, (trials,) + d.shape, minval=jnp.finfo(jnp.float32).tiny)
+  v = 1.0 + c * x
+  ok = v > 0
+  v3 = jnp.where(ok, v * v * v, 1.0)
+  log_v3 = jnp.log(v3)
+  accept = ok & (jnp.log(u) < 0.5 * x * x + d - d * v3 + d * log_v3)
+  first = jnp.argmax(accept, axis=0)
+  return jnp.take_along_axis(log_v3, first[None], 0)[0], accept.any(axis=0)
+
+
+def log_gamma(key, a, shape, refill: int | None = None):
+  """log of Gamma(a, 1) draws of `shape` (a may broadcast), exact: Marsaglia & Tsang's method (a < 1 through the
+  boost Gamma(a) = Gamma(a + 1) U^(1/a)).
+
+  One vectorised proposal per entry, then only the rejected entries are redrawn: up to `refill` of them at a time
+  (default n / 16 + 1; at most 5% are rejected for a >= 1, 0.3% at a = 10) are gathered by index, given 3 proposals
+  each, and scattered back, in a while loop that ends when every entry has accepted (usually after one pass). Each
+  entry keeps its first accepted proposal, all proposals independent: the Gamma distribution (KS tests). Against
+  3 full-size proposals per entry this draws ~2.4 instead of 6-7 random numbers per entry, the cost of a Gibbs
+  sweep over the N^2 pair weights; against jax.random.loggamma's per-element rejection loop, ~5x fewer."""
+  shape = tuple(shape)
+  n = math.prod(shape)
+  a_flat = jnp.broadcast_to(jnp.asarray(a, jnp.float32), shape).reshape(n)
+  boost = a_flat < 1.0
+  d = jnp.where(boost, a_flat + 1.0, a_flat) - 1.0 / 3.0
   c = jax.lax.rsqrt(9.0 * d)
-
-  def propose(k):
-    kx, ku = jax.random.split(k)
-    x = jax.random.normal(kx, (trials,) + tuple(shape))
-    u = jax.random.uniform(ku, (trials,) + tuple(shape), minval=jnp.finfo(jnp.float32).tiny)
-    v = 1.0 + c * x
-    ok = v > 0
-    v3 = jnp.where(ok, v * v * v, 1.0)
-    log_v3 = jnp.log(v3)
-    accept = ok & (jnp.log(u) < 0.5 * x * x + d - d * v3 + d * log_v3)
-    first = jnp.argmax(accept, axis=0)
-    return jnp.take_along_axis(log_v3, first[None], 0)[0], accept.any(axis=0)
-
   k_first, k_boost, k_more = jax.random.split(key, 3)
-  log_v3, done = propose(k_first)
+  log_v3, done = _marsaglia_tsang(k_first, d, c, trials=1)
+  slots = min(n, n // 16 + 1) if refill is None else max(1, min(n, int(refill)))
 
-  def more(carry):
+  def redraw(carry):
     lv, dn, k = carry
     k, sub = jax.random.split(k)
-    new, ok = propose(sub)
-    return jnp.where(dn, lv, new), dn | ok, k
+    idx = jnp.nonzero(~dn, size=slots, fill_value=n)[0]   # the first `slots` rejected entries; n = no entry
+    take = jnp.minimum(idx, n - 1)
+    new, ok = _marsaglia_tsang(sub, d[take], c[take], trials=3)
+    ok = ok & (idx < n)
+    lv = lv.at[idx].set(jnp.where(ok, new, lv[take]), mode="drop")
+    dn = dn.at[idx].set(ok | dn[take], mode="drop")
+    return lv, dn, k
 
-  log_v3, _, _ = jax.lax.while_loop(lambda carry: ~jnp.all(carry[1]), more, (log_v3, done, k_more))
+  log_v3, _, _ = jax.lax.while_loop(lambda carry: ~jnp.all(carry[1]), redraw, (log_v3, done, k_more))
   out = jnp.log(d) + log_v3
-  u = jax.random.uniform(k_boost, tuple(shape), minval=jnp.finfo(jnp.float32).tiny)
-  return jnp.where(boost, out + jnp.log(u) / a, out)
+  if not _static_at_least_one(a):  # the boost's uniform only where some a may be < 1
+    u = jax.random.uniform(k_boost, (n,), minval=jnp.finfo(jnp.float32).tiny)
+    out = jnp.where(boost, out + jnp.log(u) / a_flat, out)
+  return out.reshape(shape)
 
 
 def _log_rate(log_terms, b):

@@ -86,8 +86,15 @@ def test_b_zero_sampler_is_uninformative_and_scale_drifts():
     assert mean_p == pytest.approx(theory, rel=0.15)
 
 
-@pytest.mark.parametrize("a", [0.3, 1.0, 6.0, 10.0])
-def test_fixed_trip_log_gamma_draws_follow_the_gamma_distribution(a):
-  draws = np.exp(np.asarray(jax.jit(lambda k: gamma.log_gamma(k, a, (40000,)))(jax.random.PRNGKey(1))))
+@pytest.mark.parametrize("a,refill,traced", [(0.3, None, False), (1.0, None, False), (6.0, None, False),
+                                             (10.0, None, False), (10.0, None, True), (1.0, 7, False), (0.3, 1, True)])
+def test_log_gamma_draws_follow_the_gamma_distribution(a, refill, traced):
+  """Default refill, and refills so small that the redraw loop runs hundreds of passes (a = 1: ~2,000 rejected
+  first proposals, 7 redrawn per pass; a = 0.3: one per pass). A traced `a` takes the a < 1 boost path wherever
+  it may apply; a concrete a >= 1 skips it."""
+  draw = lambda k, a_value: gamma.log_gamma(k, a_value, (40000,), refill=refill)
+  fn = jax.jit(draw) if traced else jax.jit(lambda k: draw(k, a))
+  args = (jax.random.PRNGKey(1), jnp.float32(a)) if traced else (jax.random.PRNGKey(1),)
+  draws = np.exp(np.asarray(fn(*args)))
   assert stats.kstest(draws, stats.gamma(a).cdf).pvalue > 1e-3
   assert np.isfinite(draws).all() and draws.mean() == pytest.approx(a, rel=0.03)
