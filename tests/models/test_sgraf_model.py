@@ -23,16 +23,20 @@ def _tokens(lengths, width):
 
 @pytest.mark.parametrize("head", ["sgr", "saf"])
 def test_scores_do_not_depend_on_padding_and_pair_scores_are_the_diagonal(head):
-  model = _model(head)
+  graphdef, state = nnx.split(_model(head))
+
+  @jax.jit   # as the trainer runs it; eagerly, this test compiled ~200 single-op programs
+  def scores(state, regions, short, long):
+    model = nnx.merge(graphdef, state)
+    img = model.encode_image(regions)
+    return (model.similarity(img, model.encode_text(short)), model.similarity(img, model.encode_text(long)),
+            model.pair_score(img, model.encode_text(short)))
+
   regions = jnp.asarray(np.random.default_rng(0).normal(size=(5, 6, 12)), jnp.float32)
-  img = model.encode_image(regions)
-  short, long = _tokens([3, 5, 2, 7, 4], 8), _tokens([3, 5, 2, 7, 4], 20)
-  s_short = model.similarity(img, model.encode_text(short))
-  s_long = model.similarity(img, model.encode_text(long))
+  s_short, s_long, pair = scores(state, regions, _tokens([3, 5, 2, 7, 4], 8), _tokens([3, 5, 2, 7, 4], 20))
   np.testing.assert_allclose(np.asarray(s_short), np.asarray(s_long), atol=1e-6)
   assert s_short.shape == (5, 5) and np.all((np.asarray(s_short) > 0) & (np.asarray(s_short) < 1))
-  np.testing.assert_allclose(np.asarray(model.pair_score(img, model.encode_text(short))),
-                             np.diag(np.asarray(s_short)), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(pair), np.diag(np.asarray(s_short)), atol=1e-6)
 
 
 def test_similarity_chunking_changes_nothing():
@@ -40,8 +44,10 @@ def test_similarity_chunking_changes_nothing():
   tokens = _tokens([2, 6, 4, 3, 5, 7], 8)
   results = []
   for pairs in (1, 8, 10 ** 6):   # one caption per step, two, all at once
-    model = _model(pairs_per_step=pairs)
-    results.append(np.asarray(model.similarity(model.encode_image(regions), model.encode_text(tokens))))
+    graphdef, state = nnx.split(_model(pairs_per_step=pairs))
+    sim = jax.jit(lambda st: (lambda m: m.similarity(m.encode_image(regions), m.encode_text(tokens)))(
+        nnx.merge(graphdef, st)))
+    results.append(np.asarray(sim(state)))
   assert results[0].shape == (4, 6)
   np.testing.assert_allclose(results[0], results[1], atol=1e-6)
   np.testing.assert_allclose(results[0], results[2], atol=1e-6)
