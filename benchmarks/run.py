@@ -12,6 +12,8 @@ def main(argv=None):
   parser.add_argument("--suites", default="foundation,data,checkpoint,tokenizer,ncu,steps,gsc_bayes,scale,region",
                       help="comma-separated suites to run")
   parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run of the benchmarks)")
+  parser.add_argument("--methods", default="", help="steps suite only: config names to time beside CLIP "
+                      "(e.g. bayes,gsc); default every method")
   args = parser.parse_args(argv)
   from ncjax import runtime
   # Simulated devices only matter on a CPU-only host; on an accelerator the default backend is the accelerator.
@@ -27,7 +29,7 @@ def main(argv=None):
     if name not in suites:
       raise SystemExit(f"unknown suite {name!r}; suites: {sorted(suites)}")
     print(f"\n######## {name}")
-    suites[name](quick=args.quick)
+    suites[name](quick=args.quick, **({"methods": args.methods} if name == "steps" else {}))
   print(f"\nmarkdown summary: {common.markdown_summary()}")
   return 0
 

@@ -26,10 +26,17 @@ def _config(config_name: str, arg: str, size: str, batch: int):
   return cfg
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, methods: str = "") -> dict:
+  """methods: comma-separated config names (e.g. 'bayes,gsc') to time beside CLIP; empty: every method."""
   size, batch = ("tiny", 256) if quick else ("small", 2048)
+  wanted = {m.strip() for m in methods.split(",") if m.strip()}
+  unknown = wanted - {config_name for config_name, _ in METHODS.values()}
+  if unknown:
+    raise SystemExit(f"unknown --methods {sorted(unknown)}; known: {sorted(c for c, _ in METHODS.values())}")
   rows = []
   for name, (config_name, arg) in METHODS.items():
+    if wanted and config_name != "clip" and config_name not in wanted:
+      continue
     sec = common.train_step_seconds(_config(config_name, arg, size, batch))
     rows.append(dict(method=name, seconds=sec))
   clip = rows[0]["seconds"]
