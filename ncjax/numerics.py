@@ -25,3 +25,15 @@ def scaled_dot(a, b, logit_scale):
   the logits pass ~1e10 (e^25). A matmul output is one rounded value, so the shifted maximum is exactly 0 at any
   scale. It also scales N x D numbers rather than N x N."""
   return f32(a) @ (jnp.exp(f32(logit_scale)) * f32(b)).T
+
+
+def diagonal(matrix):
+  """The diagonal of a square matrix, as a masked row sum: the same values as `jnp.diagonal` (each row adds one
+  entry to zeros), but its gradient is an elementwise select rather than a scatter. Under jit with the N x N logits
+  sharded by rows, GSPMD partitions `jnp.diagonal`'s scatter-add gradient into a conditional with all-gathers of
+  the indices (7% of the `small` CLIP step at batch 2048 on 8 devices); the select stays local to each row block."""
+  n = matrix.shape[0]
+  if matrix.ndim != 2 or matrix.shape[1] != n:
+    raise ValueError(f"diagonal needs a square matrix, got shape {matrix.shape}")
+  on_diagonal = jnp.arange(n)[:, None] == jnp.arange(n)[None, :]
+  return jnp.sum(jnp.where(on_diagonal, matrix, jnp.zeros((), matrix.dtype)), axis=1)

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from ncjax.models import lorentz
-from ncjax.numerics import f32, scaled_dot
+from ncjax.numerics import diagonal, f32, scaled_dot
 
 F_ENT_ON = ("forget", "retain")
 NORM_REG = ("toward_origin", "away")
@@ -57,7 +57,7 @@ def calibration_terms(logits) -> dict:
   logits = f32(logits)
   two_n = logits.shape[0]
   n = two_n // 2
-  diag = jnp.diagonal(logits)
+  diag = diagonal(logits)
   row_lse = jax.nn.logsumexp(logits, axis=1)
   col_lse = jax.nn.logsumexp(logits, axis=0)
   retain = 0.5 * (jnp.mean(row_lse[:n] - diag[:n]) + jnp.mean(col_lse[:n] - diag[:n]))
@@ -65,7 +65,7 @@ def calibration_terms(logits) -> dict:
   off = ~jnp.eye(n, dtype=bool)
   cross = jnp.sum(jnp.where(off, forget, 0.0)) + jnp.sum(jnp.where(off, forget.T, 0.0))
   neg = -cross / (2.0 * n * n)
-  pos = jnp.mean(jnp.diagonal(forget))
+  pos = jnp.mean(diagonal(forget))
   log_2n = jnp.log(jnp.asarray(two_n, jnp.float32))
   perf = 0.5 * (jnp.mean(row_lse[n:] - log_2n) + jnp.mean(col_lse[n:] - log_2n))
   return dict(loss_retain=retain, loss_neg=neg, loss_pos=pos, loss_perf=perf)
@@ -125,5 +125,5 @@ def hac_loss(image_retain, text_retain, image_forget, text_forget, logit_scale, 
   return loss, dict(terms, loss_forget=forget, loss_r_ent=r_ent, loss_f_ent=f_ent, loss_norm_reg=norm_term,
                     forget_norm=jnp.mean(lorentz.hyperbolic_norm(xf, curv)),
                     retain_norm=jnp.mean(lorentz.hyperbolic_norm(xr, curv)),
-                    retain_pos_similarity=jnp.mean(jnp.diagonal(sim)[:n]),
-                    forget_pos_similarity=jnp.mean(jnp.diagonal(sim)[n:]))
+                    retain_pos_similarity=jnp.mean(diagonal(sim)[:n]),
+                    forget_pos_similarity=jnp.mean(diagonal(sim)[n:]))

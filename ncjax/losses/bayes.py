@@ -11,14 +11,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ncjax.numerics import f32
+from ncjax.numerics import diagonal, f32
 
 
 
 def _split(logits):
   n = logits.shape[0]
   eye = jnp.eye(n, dtype=bool)
-  return jnp.diagonal(logits), logits, ~eye
+  return diagonal(logits), logits, ~eye
 
 
 def weighted_infonce_rows(logits, log_w_pos, log_w_neg):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ncjax.numerics import f32, scaled_dot
+from ncjax.numerics import diagonal, f32, scaled_dot
 
 
 
@@ -38,7 +38,7 @@ def infonce_from_logits(logits, weights=None):
   n = logits.shape[0]
   if logits.ndim != 2 or logits.shape[1] != n:
     raise ValueError(f"infonce needs a square logit matrix, got shape {logits.shape}")
-  diag = jnp.diagonal(logits)
+  diag = diagonal(logits)
   loss_i2t = jax.nn.logsumexp(logits, axis=1) - diag
   loss_t2i = jax.nn.logsumexp(logits, axis=0) - diag
   per_pair = 0.5 * (loss_i2t + loss_t2i)
@@ -82,8 +82,8 @@ def sigmoid_from_logits(logits):
   signs = 2.0 * jnp.eye(n, dtype=jnp.float32) - 1.0
   per_entry = -jax.nn.log_sigmoid(signs * logits)
   loss = jnp.sum(per_entry) / n
-  metrics = dict(loss_pos=jnp.sum(jnp.diagonal(per_entry)) / n,
-                 loss_neg=(jnp.sum(per_entry) - jnp.sum(jnp.diagonal(per_entry))) / n)
+  metrics = dict(loss_pos=jnp.sum(diagonal(per_entry)) / n,
+                 loss_neg=(jnp.sum(per_entry) - jnp.sum(diagonal(per_entry))) / n)
   return loss, metrics
 
 

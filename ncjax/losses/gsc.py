@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ncjax.numerics import f32
+from ncjax.numerics import diagonal, f32
 
 
 
@@ -38,10 +38,10 @@ def cross_modal_indicator(sim, tau1: float = 0.07, indicator: str = "softmax"):
   if indicator not in INDICATORS:
     raise ValueError(f"GSC indicator {indicator!r}; expected one of {INDICATORS}")
   logits = f32(sim) / tau1
-  diag = jnp.diagonal(logits)
+  diag = diagonal(logits)
   if indicator == "max_ratio":
     return 0.5 * (jnp.exp(diag - jnp.max(logits, axis=1)) + jnp.exp(diag - jnp.max(logits, axis=0)))
-  return 0.5 * (jnp.diagonal(jax.nn.softmax(logits, axis=1)) + jnp.diagonal(jax.nn.softmax(logits, axis=0)))
+  return 0.5 * (diagonal(jax.nn.softmax(logits, axis=1)) + diagonal(jax.nn.softmax(logits, axis=0)))
 
 
 def structure_score(image_sim, text_sim, y=None):
@@ -61,14 +61,14 @@ def batch_loss(sim, image_sim, text_sim, y, tau1: float = 0.07, tau2: float = 1.
   n = s.shape[0]
   y = jnp.ones((n,), jnp.float32) if y is None else f32(y)
   logits = s / tau1
-  diag = jnp.diagonal(logits)
+  diag = diagonal(logits)
   l_row = jax.nn.logsumexp(logits, axis=1) - diag
   l_col = jax.nn.logsumexp(logits, axis=0) - diag
   loss_cm = jnp.mean(0.5 * (l_row + l_col) * y)
   a = f32(image_sim) * y[None, :]
   bc = f32(text_sim) * y[None, :]
   im_logits = (a @ bc.T) / tau2
-  l_im = (jax.nn.logsumexp(im_logits, axis=1) - jnp.diagonal(im_logits)) * y
+  l_im = (jax.nn.logsumexp(im_logits, axis=1) - diagonal(im_logits)) * y
   loss_im = jnp.mean(l_im)
   loss = loss_cm + gamma * loss_im
   metrics = dict(loss_cm=loss_cm, loss_im=loss_im,

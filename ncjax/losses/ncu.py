@@ -31,7 +31,7 @@ import numpy as np
 
 from ncjax.losses import chunked
 from ncjax.losses.common import LossOutput, f32
-from ncjax.numerics import scaled_dot
+from ncjax.numerics import diagonal, scaled_dot
 from ncjax.ot.masked import KernelSinkhorn, solver_from_name
 from ncjax.sharding import shard_rows
 
@@ -120,8 +120,8 @@ def clean_confidence(image_emb, text_emb, logit_scale, score: str = "row", chunk
     row, col = chunked.softmax_diagonals(image_emb, text_emb, logit_scale, chunk=chunk)
   else:
     logits = scaled_dot(image_emb, text_emb, logit_scale)
-    row = jnp.diagonal(jax.nn.softmax(logits, axis=1))
-    col = jnp.diagonal(jax.nn.softmax(logits, axis=0)) if score == "mean" else None
+    row = diagonal(jax.nn.softmax(logits, axis=1))
+    col = diagonal(jax.nn.softmax(logits, axis=0)) if score == "mean" else None
   return row if score == "row" else 0.5 * (row + col)
 
 

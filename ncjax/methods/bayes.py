@@ -26,6 +26,7 @@ from ncjax.losses import bayes, contrastive
 from ncjax.methods.base import Stage, Update
 from ncjax.methods.registry import register
 from ncjax.methods.two_tower import TwoTowerMethod, stored_clamps
+from ncjax.numerics import diagonal
 from ncjax.samplers import gamma
 
 
@@ -42,7 +43,7 @@ def sample_weights(key, logits, loss_cfg, log_u_override=None):
   n = logits.shape[0]
   neg_mask = ~jnp.eye(n, dtype=bool)
   b_pos, b_neg = rates(loss_cfg)
-  log_pos = jnp.diagonal(logits)
+  log_pos = diagonal(logits)
   log_u, log_wp, log_wn = gamma.gibbs_log(key, log_pos, logits, a_u=loss_cfg.a_u, b_u=loss_cfg.b_u,
                                           a_pos=loss_cfg.a_pos, b_pos=b_pos, a_neg=loss_cfg.a_neg, b_neg=b_neg,
                                           n_sweeps=loss_cfg.n_sweeps, w_init=loss_cfg.w_init, neg_mask=neg_mask)

@@ -109,3 +109,25 @@ def test_losses_sharded_equal_unsharded(devices):
   l0, g0 = jax.jit(jax.value_and_grad(lambda a, b: contrastive.infonce(a, b, 2.0)[0]))(v, t)
   np.testing.assert_allclose(float(l1), float(l0), rtol=1e-6)
   np.testing.assert_allclose(np.asarray(g1), np.asarray(g0), atol=1e-7)
+
+
+def test_masked_row_sum_diagonal_is_bitwise_jnp_diagonal_and_its_sharded_gradient_stays_local(devices):
+  """numerics.diagonal (every loss's positives) returns jnp.diagonal's values bit for bit, ignores non-finite
+  off-diagonal entries as jnp.diagonal does, and its gradient under a row-sharded N x N matrix compiles to a local
+  select: no scatter, no conditional, no collective (jnp.diagonal's scatter-add gradient brought all three)."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from ncjax.numerics import diagonal
+  rng = np.random.default_rng(3)
+  m = rng.normal(size=(64, 64)).astype(np.float32) * 1e3
+  m[0, 5], m[7, 2] = np.inf, np.nan
+  np.testing.assert_array_equal(np.asarray(diagonal(jnp.asarray(m))), np.diagonal(m))
+  w = jnp.asarray(rng.normal(size=(64,)).astype(np.float32))
+  grad = jax.grad(lambda x: jnp.sum(w * diagonal(x)))(jnp.asarray(m))
+  np.testing.assert_array_equal(np.asarray(grad), np.diag(np.asarray(w)))
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  row_sharded = jax.device_put(jnp.asarray(np.nan_to_num(m)), NamedSharding(mesh, P("data")))
+  hlo = jax.jit(jax.grad(lambda x: jnp.sum(w * diagonal(x)))).lower(row_sharded).compile().as_text()
+  for op in ("scatter", "conditional", "all-gather", "all-reduce"):
+    assert f" {op}(" not in hlo, f"{op} in the sharded gradient of diagonal()"
+  with pytest.raises(ValueError, match="square"):
+    diagonal(jnp.zeros((3, 4)))

@@ -203,3 +203,29 @@ def test_lorentz_geometry_in_the_two_tower():
   assert (score <= -1.0 + 1e-5).all()  # <x, y>_L <= -1/c with c = 1
   sim = np.asarray(m.similarity(img, txt))
   assert (sim <= 1e-6).all()  # negative distances
+
+
+@pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True), (True, True)])
+def test_heads_major_attention_equals_jax_dot_product_attention(causal, masked):
+  """layers.MultiHeadAttention computes heads-major (no transposes around its matmuls); it must equal the
+  token-major reference (fused QKV -> split -> jax.nn.dot_product_attention -> out) with causal and key masks,
+  including a row whose keys are all masked (uniform attention, finite)."""
+  from flax import nnx
+  from ncjax.models.layers import MultiHeadAttention
+  b, n, w, h = 3, 7, 24, 3
+  attn = MultiHeadAttention(w, h, dtype=jnp.float32, rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(1)
+  attn.qkv.bias[...] = jnp.asarray(rng.normal(size=(3 * w,)).astype(np.float32))
+  attn.out.bias[...] = jnp.asarray(rng.normal(size=(w,)).astype(np.float32))
+  x = jnp.asarray(rng.normal(size=(b, n, w)).astype(np.float32))
+  key_mask = None
+  if masked:
+    key_mask = jnp.asarray(rng.random((b, n)) > 0.3).at[0].set(False).at[1, 0].set(True)
+  qkv = (x @ attn.qkv.kernel[...] + attn.qkv.bias[...]).reshape(b, n, 3, h, w // h)
+  ref = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=causal,
+                                     mask=None if key_mask is None else key_mask[:, None, None, :])
+  ref = ref.reshape(b, n, w) @ attn.out.kernel[...] + attn.out.bias[...]
+  graphdef, state = nnx.split(attn)
+  got = jax.jit(lambda st, m: nnx.merge(graphdef, st)(x, causal=causal, key_mask=m))(state, key_mask)
+  assert np.all(np.isfinite(np.asarray(got)))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=2e-5, atol=2e-5)
