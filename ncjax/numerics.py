@@ -32,8 +32,8 @@ def diagonal(matrix):
   entry to zeros), but its gradient is an elementwise select rather than a scatter. Under jit with the N x N logits
   sharded by rows, GSPMD partitions `jnp.diagonal`'s scatter-add gradient into a conditional with all-gathers of
   the indices (7% of the `small` CLIP step at batch 2048 on 8 devices); the select stays local to each row block."""
-  n = matrix.shape[0]
-  if matrix.ndim != 2 or matrix.shape[1] != n:
+  if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
     raise ValueError(f"diagonal needs a square matrix, got shape {matrix.shape}")
+  n = matrix.shape[0]
   on_diagonal = jnp.arange(n)[:, None] == jnp.arange(n)[None, :]
   return jnp.sum(jnp.where(on_diagonal, matrix, jnp.zeros((), matrix.dtype)), axis=1)
