@@ -13,13 +13,18 @@ from ncjax import train
 @pytest.fixture(scope="module")
 def clip_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("clip")
-  train.train(tiny_clip_config(total_steps=3), str(workdir))
+  train.train(tiny_clip_config(total_steps=3, **TWO_TEXT_BLOCKS), str(workdir))
   return str(workdir)
+
+
+# The suite's micro model with two text blocks, so that freezing NCU's first text block (as the public code does)
+# leaves one that trains.
+TWO_TEXT_BLOCKS = {"model.text_depth": 2}
 
 
 def ncu_config(init, **kw):
   return make_config("ncu", f"init={init},batch=64,epochs=2,epochs_prompt=1",
-                     **{"method.frozen_text_blocks": 1, **kw})
+                     **{**TWO_TEXT_BLOCKS, "method.frozen_text_blocks": 1, **kw})
 
 
 def test_ncu_stages_train_and_freeze_the_right_groups(clip_run, tmp_path):

@@ -31,6 +31,7 @@ def test_own_labelled_table_from_build_to_an_evaluated_comparison(tmp_path):
   assert bench.bench.reference == "" and bench.bench.model == ""     # a user's data: no clean reference
   with bench.unlocked():
     bench.bench.data_dir = str(tmp_path / "tfds")
+    bench.bench.model = "micro"   # the suite's model (tests/helpers.py: TEST_MODEL)
   out = ncbench.run(bench, str(tmp_path / "bench"), log=lambda *_: None)
   assert [r["method"] for r in out["records"]] == ["clip", "gsc"]
   for r in out["records"]:
