@@ -13,7 +13,7 @@ def load_config(name: str, arg: str = ""):
 
 # The suite's two-tower model: `micro`, the configs' `tiny` with one block per tower (ncjax/models/sizes.py). The
 # suite is compile-bound and XLA compiles the blocks unrolled: a step compiles in about half tiny's time. A test
-# that needs a second block (freezing one of them) asks for `model.size="tiny"`.
+# that needs a second block (freezing one of them) asks for it: `model.text_depth=2`, or `model.size="tiny"`.
 TEST_MODEL = "micro"
 
 

@@ -3,11 +3,11 @@ import os
 import subprocess
 import sys
 
-from helpers import ROOT
+from helpers import ROOT, TEST_MODEL
 
 
 def test_cli_trains_siglip_with_periodic_evals_tensorboard_and_resume(tmp_path):
-  args = [sys.executable, "-m", "ncjax.main", "--config=configs/siglip.py:model=micro,noise=0.4,batch=64,epochs=1",
+  args = [sys.executable, "-m", "ncjax.main", f"--config=configs/siglip.py:model={TEST_MODEL},noise=0.4,batch=64,epochs=1",
           f"--workdir={tmp_path}", "--cpu_devices=8", "--config.log.tensorboard=True",
           "--config.evals.zeroshot.every_steps=4", "--config.log.every_steps=2", "--config.log.progress=False",
           "--until_step=4"]

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 import data_fixtures as fx
-from helpers import make_config
+from helpers import TEST_MODEL, make_config
 
 
 def test_own_labelled_table_from_build_to_an_evaluated_comparison(tmp_path):
@@ -31,7 +31,7 @@ def test_own_labelled_table_from_build_to_an_evaluated_comparison(tmp_path):
   assert bench.bench.reference == "" and bench.bench.model == ""     # a user's data: no clean reference
   with bench.unlocked():
     bench.bench.data_dir = str(tmp_path / "tfds")
-    bench.bench.model = "micro"   # the suite's model (tests/helpers.py: TEST_MODEL)
+    bench.bench.model = TEST_MODEL
   out = ncbench.run(bench, str(tmp_path / "bench"), log=lambda *_: None)
   assert [r["method"] for r in out["records"]] == ["clip", "gsc"]
   for r in out["records"]:

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import ROOT, load_config, override, tiny_clip_config
+from helpers import ROOT, TEST_MODEL, load_config, override, tiny_clip_config
 from ncjax import checkpoint as ckpt_lib
 from ncjax import train
 
@@ -42,9 +42,9 @@ def test_checkpoint_write_failure_mid_run_keeps_the_last_checkpoint_and_resumes(
   overrides = {"log.progress": False, "log.every_steps": 1, "ckpt.every_steps": 1,
                "evals.zeroshot.enabled": False, "evals.retrieval.enabled": False,
                "evals.noise_detection.enabled": False}
-  cfg = override(load_config("clip", "model=micro,noise=0.4,batch=64,epochs=1"), **overrides)
+  cfg = override(load_config("clip", f"model={TEST_MODEL},noise=0.4,batch=64,epochs=1"), **overrides)
   assert int(train.train(cfg, str(tmp_path), until=2).state["step"]) == 2
-  args = [sys.executable, "-m", "ncjax.main", "--config=configs/clip.py:model=micro,noise=0.4,batch=64,epochs=1",
+  args = [sys.executable, "-m", "ncjax.main", f"--config=configs/clip.py:model={TEST_MODEL},noise=0.4,batch=64,epochs=1",
           f"--workdir={tmp_path}", "--cpu_devices=8", "--until_step=4"] + [f"--config.{k}={v}"
                                                                             for k, v in overrides.items()]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
