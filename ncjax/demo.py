@@ -184,4 +184,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  from ncjax import runtime
+  runtime.restart_with_huge_pages()
   sys.exit(main())

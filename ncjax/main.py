@@ -314,7 +314,10 @@ def main(argv):
 def run():
   """Console-script entry point (`ncjax`). absl prints `__main__`'s docstring as the usage of --help; the console
   script's __main__ has none, so it would print only 'USAGE: ncjax [flags]': give it this module's (the
-  commands and their flags)."""
+  commands and their flags). Restarts itself once first with malloc backing large buffers by huge pages
+  (ncjax.runtime.restart_with_huge_pages; NCJAX_HUGE_PAGES=0 opts out)."""
+  from ncjax import runtime
+  runtime.restart_with_huge_pages()
   sys.modules["__main__"].__doc__ = __doc__
   app.run(main)
 
