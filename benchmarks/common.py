@@ -32,9 +32,11 @@ def time_fn(fn, *args, warmup: int = 1, repeats: int = 3, min_time: float = 0.0)
 
 def compiled_flops(jitted, *args, partitions: int = 1) -> float | None:
   """FLOPs of one call. XLA's cost analysis of an SPMD-partitioned program counts one partition, so pass the
-  number of devices the program is split over (`partitions`) to get the whole step's count."""
+  number of devices the program is split over (`partitions`) to get the whole step's count. `jitted` may also be
+  an already compiled program (`jax.stages.Compiled`; no args then)."""
   try:
-    cost = jitted.lower(*args).compile().cost_analysis()
+    compiled = jitted if isinstance(jitted, jax.stages.Compiled) else jitted.lower(*args).compile()
+    cost = compiled.cost_analysis()
   except Exception:  # cost analysis is best-effort on some backends
     return None
   if isinstance(cost, (list, tuple)):

@@ -4,6 +4,8 @@ simulated devices, as a fraction of this machine's dense-matmul peak measured in
 
 from __future__ import annotations
 
+import collections
+import re
 import tempfile
 
 import jax
@@ -30,7 +32,58 @@ def matmul_peak(n: int = 2048) -> dict:
               peak_flops=max(flops / t1, flops / t8))
 
 
-def train_step(size: str, batch: int, peak: float, steps: int = 2) -> dict:
+_DTYPES = {"f32": np.float32, "bf16": jnp.bfloat16, "f16": np.float16}
+
+
+def program_dots(hlo_text: str) -> list[dict]:
+  """Every matrix product of a compiled program (its optimised HLO text): operand shapes, dimension numbers and
+  how often the same product occurs."""
+  shapes = {m.group(1): (m.group(2), tuple(int(x) for x in m.group(3).split(",") if x))
+            for m in re.finditer(r"%([\w.\-]+) = (\w+)\[([\d,]*)\]", hlo_text)}
+
+  def dims(line, key):
+    m = re.search(key + r"=\{([\d,]*)\}", line)
+    return tuple(int(x) for x in m.group(1).split(",") if x) if m else ()
+
+  counts = collections.Counter()
+  for line in hlo_text.splitlines():
+    m = re.search(r"= \w+\[[\d,]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\)", line)
+    if m and m.group(1) in shapes and m.group(2) in shapes:
+      (dtype, lhs), (_, rhs) = shapes[m.group(1)], shapes[m.group(2)]
+      counts[(dtype, lhs, rhs, dims(line, "lhs_contracting_dims"), dims(line, "rhs_contracting_dims"),
+              dims(line, "lhs_batch_dims"), dims(line, "rhs_batch_dims"))] += 1
+  return [dict(dtype=k[0], lhs=k[1], rhs=k[2], contracting=(k[3], k[4]), batch=(k[5], k[6]), count=c)
+          for k, c in counts.items()]
+
+
+def dot_ceiling(hlo_text: str, partitions: int) -> dict:
+  """The ceiling a program's own matrix products put on its FLOP rate: each distinct product of the (per-device)
+  program timed alone on one device at its shape, times how often it occurs and the number of partitions. Split
+  into batched products (attention's per-example, per-head matmuls) and plain ones (the dense layers, the loss):
+  if only the plain ones ran, at their own isolated speed, and everything else (attention, norms, softmax,
+  copies, collectives) took no time at all, the step would reach `plain_flops / plain_seconds`."""
+  totals = {"plain": [0.0, 0.0], "batched": [0.0, 0.0]}
+  for d in program_dots(hlo_text):
+    dtype = _DTYPES.get(d["dtype"])
+    if dtype is None:
+      continue
+    (lc, rc), (lb, rb) = d["contracting"], d["batch"]
+    lhs, rhs = jnp.ones(d["lhs"], dtype), jnp.ones(d["rhs"], dtype)
+    product = jax.jit(lambda a, b, lc=lc, rc=rc, lb=lb, rb=rb: jax.lax.dot_general(a, b, ((lc, rc), (lb, rb))))
+    out_size = int(np.prod(jax.eval_shape(product, lhs, rhs).shape))
+    sec, _ = common.time_fn(product, lhs, rhs, repeats=3)
+    flops = 2.0 * out_size * int(np.prod([d["lhs"][i] for i in lc]))
+    kind = "batched" if lb else "plain"
+    totals[kind][0] += flops * d["count"] * partitions
+    totals[kind][1] += sec * d["count"] * partitions
+  out = {}
+  for kind, (flops, sec) in totals.items():
+    out[f"{kind}_flops"], out[f"{kind}_seconds"] = flops, sec
+    out[f"{kind}_flops_per_sec"] = flops / sec if sec else None
+  return out
+
+
+def train_step(size: str, batch: int, peak: float, steps: int = 2, ceiling: bool = False) -> dict:
   from ncjax import config_lib, train
   cfg = config_lib.base_config()
   cfg.method.name = "clip"
@@ -47,7 +100,10 @@ def train_step(size: str, batch: int, peak: float, steps: int = 2) -> dict:
     state = trainer.init_state(span)
     prog = trainer.program(span)
     batch_arrays, _ = trainer.exp.train_data.global_batch(0)
-    flops = common.compiled_flops(prog.step, state, batch_arrays, partitions=trainer.exp.mesh.devices.size)
+    partitions = trainer.exp.mesh.devices.size
+    compiled = prog.step.lower(state, batch_arrays).compile()
+    flops = common.compiled_flops(compiled, partitions=partitions)
+    dots = dot_ceiling(compiled.as_text(), partitions) if ceiling else None
     state, m = prog.step(state, batch_arrays)  # compile + first step
     common.block(m)
     times = []
@@ -64,6 +120,13 @@ def train_step(size: str, batch: int, peak: float, steps: int = 2) -> dict:
   if flops:
     out["achieved_flops"] = flops / sec
     out["fraction_of_peak"] = flops / sec / peak
+  if dots:
+    out["dots"] = dots
+    out["dense_share_of_flops"] = dots["plain_flops"] / flops if flops else None
+    out["dense_ceiling_of_peak"] = dots["plain_flops_per_sec"] / peak
+    out["attention_dots_of_peak"] = (dots["batched_flops_per_sec"] or 0.0) / peak
+    out["matmul_seconds"] = dots["plain_seconds"] + dots["batched_seconds"]
+    out["all_dots_of_peak"] = (dots["plain_flops"] + dots["batched_flops"]) / out["matmul_seconds"] / peak
   return out
 
 
@@ -89,20 +152,28 @@ def loss_cost(kind: str, n: int, dim: int = 512) -> dict:
 
 def run(quick: bool = False) -> dict:
   peak = matmul_peak()
-  steps = [train_step("tiny", 2048, peak["peak_flops"]), train_step("small", 2048, peak["peak_flops"])]
+  steps = [train_step(size, 2048, peak["peak_flops"], ceiling=True) for size in ("tiny", "small")]
   ns = (2048, 8192) if quick else (2048, 8192, 32768)
   losses = [loss_cost(k, n) for n in ns for k in ("infonce", "sigmoid")]
   payload = dict(matmul_peak=peak, train_step=steps, loss=losses)
   common.write("foundation", payload)
   print(f"\nDense f32 matmul peak ({peak['n']}^3): {peak['single_device_flops'] / 1e9:.1f} GFLOP/s on one device, "
         f"{peak['all_devices_flops'] / 1e9:.1f} GFLOP/s sharded over {len(jax.devices())} devices")
-  print("\nFull CLIP train step (global batch 2048, simulated devices)")
   for r in steps:
     r["gflops"] = None if r.get("achieved_flops") is None else r["achieved_flops"] / 1e9
     r["step_tflop"] = None if not r.get("step_flops") else r["step_flops"] / 1e12
-  print(common.table(steps, [("size", "size", "s"), ("devices", "devices", "d"), ("step_seconds", "s/step", ".2f"),
-                             ("examples_per_sec", "examples/s", ",.0f"), ("step_tflop", "TFLOP/step", ".3f"),
-                             ("gflops", "GFLOP/s", ".1f"), ("fraction_of_peak", "of peak", ".1%")]))
+  common.report("Full CLIP train step (global batch 2048, simulated devices; peak = the dense f32 matmul above)",
+                steps, [("size", "size", "s"), ("devices", "devices", "d"), ("step_seconds", "s/step", ".2f"),
+                        ("examples_per_sec", "examples/s", ",.0f"), ("step_tflop", "TFLOP/step", ".3f"),
+                        ("gflops", "GFLOP/s", ".1f"), ("fraction_of_peak", "of peak", ".1%")])
+  common.report("What the step's own matrix products allow: each product of the compiled step timed alone at its "
+                "shape on one device, as a fraction of the same peak. 'all matmuls alone' bounds the whole step: "
+                "its rate if norms, softmax, activations, copies and collectives took no time at all", steps,
+                [("size", "size", "s"), ("dense_share_of_flops", "dense share of FLOPs", ".1%"),
+                 ("dense_ceiling_of_peak", "dense GEMMs alone", ".1%"),
+                 ("attention_dots_of_peak", "attention matmuls alone", ".1%"),
+                 ("all_dots_of_peak", "all matmuls alone", ".1%"), ("matmul_seconds", "matmul s", ".2f"),
+                 ("step_seconds", "step s", ".2f"), ("fraction_of_peak", "whole step", ".1%")])
   print("\nLoss only (forward + gradient w.r.t. both embeddings, D=512, one device)")
   print(common.table(losses, [("loss", "loss", "s"), ("n", "N", "d"), ("seconds", "seconds", ".3f"),
                               ("pairs_per_sec", "pairs/s", ",.0f"), ("error", "error", "s")]))
