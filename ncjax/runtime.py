@@ -28,7 +28,8 @@ def configure_cpu_devices(n: int) -> None:
 # 13.9 GB of them (1.65 GB per simulated device), so each step the kernel faulted in and zeroed 13.9 GB again, 4 KiB
 # at a time — 3.2 million page faults a step, and a third of the process's CPU time in the kernel. With the tunable
 # below malloc marks those mappings for transparent huge pages (madvise), one fault per 2 MiB: first touch of fresh
-# memory ran at 3.9 GB/s against 0.41 GB/s here, and the step took 12.0 against 14.5 s (benchmarks/foundation.py).
+# memory ran at 3.9 GB/s against 0.41 GB/s here, and the step took 11.6 against 15.4 s (`benchmarks.run
+# --suites=foundation` with and without, back to back; docs/notes/bench_foundation_cpu.txt).
 # Tunables are read when the process starts, so the CLI, the demo and the benchmarks restart themselves once with it.
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
 HUGE_PAGES_OPT_OUT = "NCJAX_HUGE_PAGES"  # =0: leave malloc as it is
@@ -67,7 +68,7 @@ def restart_with_huge_pages() -> None:
   """Re-execute this process (same pid, same command line) with HUGE_PAGES_TUNABLE, if that changes anything.
   Call it first thing in an entry point, before JAX starts threads: exec replaces the whole process image."""
   env = huge_pages_environment()
-  if env is None:
+  if env is None or not sys.executable:  # an embedded interpreter has no executable to restart
     return
   sys.stdout.flush()
   sys.stderr.flush()
