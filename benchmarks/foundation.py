@@ -120,7 +120,7 @@ def train_step(size: str, batch: int, peak: float, steps: int = 2, ceiling: bool
   if flops:
     out["achieved_flops"] = flops / sec
     out["fraction_of_peak"] = flops / sec / peak
-  if dots:
+  if dots and dots["plain_seconds"]:
     out["dots"] = dots
     out["dense_share_of_flops"] = dots["plain_flops"] / flops if flops else None
     out["dense_ceiling_of_peak"] = dots["plain_flops_per_sec"] / peak
