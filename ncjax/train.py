@@ -215,6 +215,11 @@ class Trainer:
       if key in meta and meta[key] != value:
         raise ValueError(f"cannot resume {where}: {what[key]} differs: checkpoint {meta[key]!r}, this config "
                          f"{value!r}. Use a new --workdir for a different run.")
+    order = meta.get("data", {}).get("order_version", 1)
+    if order != exp.train_data.iterator_state(meta["step"]).get("order_version", order):
+      log.warning("resuming %s, whose data order was drawn by an earlier ncjax (order version %s): from here the "
+                  "examples follow the current order, drawn independently of the noise (ncjax.data.streams)",
+                  where, order)
     if meta.get("ncjax_version") not in (None, ncjax.__version__):
       log.warning("resuming a checkpoint written by ncjax %s with ncjax %s", meta["ncjax_version"],
                   ncjax.__version__)

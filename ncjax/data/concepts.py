@@ -71,7 +71,7 @@ class ForgetRetainData:
   """Global batches of N retain and N forget pairs, the slides' batch for alignment calibration (AC / HAC).
 
   Two input streams over the same split: the retain examples and the forget examples, each in its own
-  deterministic epoch order (PCG64([seed, epoch]) as TrainData). Step s takes the s-th batch of N of each (the
+  deterministic epoch order (as TrainData's). Step s takes the s-th batch of N of each (the
   smaller forget set cycles through fresh permutations). An epoch is one pass over the retain set. Each process
   builds its part of both halves; the batch carries `forget` (bool), which tells the method which pairs to forget
   (a method input, not a diagnostic). N must be divisible by the device count.
@@ -115,7 +115,8 @@ class ForgetRetainData:
     return np.concatenate([self.retain_data.indices(step), self.forget_data.indices(step)])
 
   def iterator_state(self, step: int) -> dict:
-    return dict(kind="forget_retain", next_step=int(step), retain=self.retain_data.iterator_state(step),
+    return dict(kind="forget_retain", order_version=self.retain_data.iterator_state(step)["order_version"],
+                next_step=int(step), retain=self.retain_data.iterator_state(step),
                 forget=self.forget_data.iterator_state(step))
 
   def batches(self, start_step: int, stop_step: int):

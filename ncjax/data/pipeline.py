@@ -1,16 +1,16 @@
 """Training input: a deterministic global batch for every step, assembled across processes.
 
 Order. The sample order is a pure function of (seed, step): epoch e visits the examples in the permutation drawn
-from PCG64([seed, e]), and the global batch of step s is the slice [b*(s mod E), b*(s mod E + 1)) of epoch s // E's
-permutation (an epoch's remainder is dropped). Resuming at step s continues the exact order; the iterator state in a
-checkpoint is that position.
+from `streams.order_rng(seed, e)` (a stream independent of the noise's: ncjax.data.streams), and the global batch
+of step s is the slice [b*(s mod E), b*(s mod E + 1)) of epoch s // E's permutation (an epoch's remainder is
+dropped). Resuming at step s continues the exact order; the iterator state in a checkpoint is that position.
 
 Loading. Each process materialises only its contiguous part of the global batch. In-memory splits (digits,
 synthetic) are gathered with one fancy index per batch; record-backed splits (tfds/ArrayRecord) go through grain: a
 MapDataset over this process's example positions, mapped by `example_at` (read record, decode, random resized crop
 or evaluation transform, tokenise) on grain's reader threads with prefetch, then batched. The crop of example j of
-step s is drawn from PCG64([seed, s, j]), so it too survives resume. `jax.make_array_from_process_local_data`
-assembles the global arrays.
+step s is drawn from `streams.crop_rng(seed, s, j)`, so it too survives resume.
+`jax.make_array_from_process_local_data` assembles the global arrays.
 
 Bad records. A corrupt image or an empty caption is skipped: the next example of the permutation's dataset order
 (id + 1, + 2, ...) takes its place, so batch shapes stay static, and the skip is counted (`input/skipped_records`);
@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ncjax.data import preprocess, readers
+from ncjax.data import preprocess, readers, streams
 from ncjax.data.noise import NoisyIndex
 from ncjax.data.types import PairSplit
 
@@ -89,7 +89,7 @@ class TrainData:
 
   # --- order ------------------------------------------------------------------------------------------------------
   def _epoch_permutation(self, epoch: int) -> np.ndarray:
-    perm = np.random.Generator(np.random.PCG64([self.seed, epoch])).permutation(len(self.examples))
+    perm = streams.order_rng(self.seed, epoch).permutation(len(self.examples))
     return self.examples[perm]
 
   def indices(self, step: int) -> np.ndarray:
@@ -100,8 +100,8 @@ class TrainData:
 
   def iterator_state(self, step: int) -> dict:
     epoch, pos = divmod(step, self.steps_per_epoch)
-    return dict(kind="epoch_permutation", seed=self.seed, next_step=int(step), epoch=int(epoch),
-                batch_in_epoch=int(pos), steps_per_epoch=self.steps_per_epoch,
+    return dict(kind="epoch_permutation", order_version=streams.ORDER_VERSION, seed=self.seed,
+                next_step=int(step), epoch=int(epoch), batch_in_epoch=int(pos), steps_per_epoch=self.steps_per_epoch,
                 global_batch_size=self.global_batch_size, num_examples=len(self.examples))
 
   @property
@@ -121,13 +121,13 @@ class TrainData:
 
   def host_batch(self, idx: np.ndarray, step: int | None = None) -> dict[str, np.ndarray]:
     """In-memory splits: images are already model-ready arrays. With `augment` (and pixel images, not region
-    features) each example gets the random resized crop of the record path, drawn from PCG64([seed, step, j]) for
+    features) each example gets the random resized crop of the record path, drawn from crop_rng(seed, step, j) for
     the example's global position j in the batch, so it survives resume and does not depend on the process count."""
     images = self.split.images[self.caption_to_image[idx]]
     if self.augment and step is not None and images.ndim == 4:
       first = jax.process_index() * self.local_batch_size
       images = preprocess.random_resized_crop_arrays(
-          images, [np.random.Generator(np.random.PCG64([self.seed, step, first + j])) for j in range(len(images))],
+          images, [streams.crop_rng(self.seed, step, first + j) for j in range(len(images))],
           self.crop_scale)
     batch = dict(image=images, tokens=self.tokens[idx], id=idx.astype(np.int32), **self._diagnostics(idx))
     batch["_skipped"] = np.zeros((), np.int32)
@@ -151,7 +151,7 @@ class TrainData:
     step, j = divmod(int(position), b)
     jj = jax.process_index() * b + j
     idx = int(self.indices(step)[jj])
-    rng = np.random.Generator(np.random.PCG64([self.seed, step, jj]))
+    rng = streams.crop_rng(self.seed, step, jj)
     skipped = 0
     for attempt in range(len(self.examples)):
       cand = int(self.examples[(np.searchsorted(self.examples, idx) + attempt) % len(self.examples)])
