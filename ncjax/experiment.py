@@ -20,7 +20,7 @@ from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform_from_co
 from ncjax.data.concepts import concept_train_data
 from ncjax.data.pipeline import TrainData
 from ncjax.methods import Method, build_method
-from ncjax.models import pretrained
+from ncjax import pretrained
 
 
 @dataclasses.dataclass

@@ -114,7 +114,7 @@ def evaluate_pretrained(config, spec: str, output: str) -> dict:
   import jax
   from ncjax import experiment, models, sharding, tokenizers
   from ncjax.methods import build_method
-  from ncjax.models import pretrained
+  from ncjax import pretrained
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.method.init_from = spec
@@ -250,7 +250,7 @@ def train_command(config, workdir: str):
 def export_command():
   """Write a run's model as an open_clip folder or a Hugging Face CLIPModel directory."""
   from ncjax import checkpoint as ckpt_lib, config_lib
-  from ncjax.models import pretrained
+  from ncjax import pretrained
   if not _CHECKPOINT.value or not _OUTPUT.value:
     raise app.UsageError("export needs --checkpoint=WORKDIR[:STEP] and --output=DIR")
   workdir, _, step = _CHECKPOINT.value.partition(":")

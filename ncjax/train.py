@@ -32,7 +32,7 @@ from ncjax.checkpoint import overlay_params
 from ncjax.config_lib import to_json_dict
 from ncjax.contract import Stage, scalar_metrics, strip_diagnostics
 from ncjax.experiment import Experiment, build_experiment, resolve_config
-from ncjax.models import pretrained
+from ncjax import pretrained
 from ncjax.logging_utils import MetricWriter, Progress
 
 log = logging.getLogger("ncjax")

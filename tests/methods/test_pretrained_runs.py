@@ -12,7 +12,7 @@ import data_fixtures as fx
 import reference_models as rm
 from helpers import ROOT, leaves, make_config
 from ncjax import checkpoint as ckpt_lib, train
-from ncjax.models import pretrained
+from ncjax import pretrained
 
 torch = pytest.importorskip("torch")
 

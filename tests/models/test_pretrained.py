@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import reference_models as rm
-from ncjax.models import pretrained
-from ncjax.models.weights_io import CheckpointFormatError, read_tensors
+from ncjax import pretrained
+from ncjax.pretrained.weights_io import CheckpointFormatError, read_tensors
 
 torch = pytest.importorskip("torch")
 TOL = 1e-4
@@ -229,7 +229,7 @@ def test_bad_files_get_errors_naming_the_problem(tmp_path):
 
 def test_bf16_safetensors_read_without_torch(tmp_path):
   import ml_dtypes
-  from ncjax.models.weights_io import write_safetensors
+  from ncjax.pretrained.weights_io import write_safetensors
   from safetensors.numpy import save_file
   x = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
   path = str(tmp_path / "bf.safetensors")

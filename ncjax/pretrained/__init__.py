@@ -35,7 +35,7 @@ from typing import Callable
 import ml_collections
 import numpy as np
 
-from ncjax.models.weights_io import CheckpointFormatError, read_tensors, write_safetensors
+from ncjax.pretrained.weights_io import CheckpointFormatError, read_tensors, write_safetensors
 
 FORMATS = ("openai", "open_clip", "hf", "meru")
 CLIP_EOT_ID, CLIP_SOT_ID = 49407, 49406
