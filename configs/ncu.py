@@ -7,9 +7,9 @@ from OpenAI's weights (the checkpoint sets the architecture) or from an ncjax CL
 Digits demo (from a CLIP trained on 40%-noisy digits):
   python -m ncjax.main --config=configs/ncu.py:init=/tmp/clip --workdir=/tmp/ncu --cpu_devices=8
 Arguments: setting (a preset: paper | digits), method (ncu | ncu_ga), model, data, init (an ncjax CLIP workdir, or
-openai:PATH / open_clip:PATH / hf:DIR), batch, noise,
-epochs, epochs_prompt, ratio (the per-batch forget fraction P), forget_from (batch | scores), forget_scores,
-forget_threshold. An argument left out takes the preset's value.
+openai:PATH / open_clip:PATH / hf:DIR), batch, noise, epochs (the unlearning stage's: every method's `epochs` is its
+main stage's), epochs_prompt (the prompt stage before it), ratio (the per-batch forget fraction P), forget_from
+(batch | scores), forget_scores, forget_threshold. An argument left out takes the preset's value.
 
 Composition: the forget set from another method's per-sample clean scores instead of the current model's softmax
 diagonal — GSC's soft labels or Bayesian CL's positive probabilities, as its noise-detection evaluator saved them:
@@ -25,7 +25,7 @@ from ncjax.config_lib import optional
 # Per-group rates and schedule of the public script (methods.md §1.2); digits uses larger rates for a tiny model.
 PRESETS = {
     "paper": dict(
-        model="ViT-B/16", data="tfds:web_pairs/cc3m", batch=2048, epochs=10, epochs_prompt=2, ratio=0.1,
+        model="ViT-B/16", data="tfds:web_pairs/cc3m", batch=2048, epochs=8, epochs_prompt=2, ratio=0.1,
         noise=0.0,                 # CC3M's noise is real
         frozen_text_blocks=5,      # the code freezes 5 of 12 text blocks
         lr_prompt=3e-4, lr_text=1e-4, lr_unlearn=5e-5, lr_ga=5e-5, warmup_steps=100,
@@ -37,7 +37,7 @@ PRESETS = {
         evals=False,               # web-scale data has no labelled test split: add your own benchmark evaluators
         ckpt_every=1000, log_every=50),
     "digits": dict(
-        model="tiny", data="digits", batch=256, epochs=20, epochs_prompt=4, ratio=0.4,
+        model="tiny", data="digits", batch=256, epochs=16, epochs_prompt=4, ratio=0.4,
         noise=0.4,                 # digits gets NCR caption-shuffle noise
         frozen_text_blocks=1,      # tiny has 2 text blocks
         lr_prompt=2e-3, lr_text=2e-4, lr_unlearn=2e-4,

@@ -90,8 +90,10 @@ def base_config() -> ml_collections.ConfigDict:
   """The full schema with defaults. Config files modify it; they never add keys outside a method's own namespace."""
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # The epochs of the method's main stage, for every method; preparatory stages some methods run first (NCU's
+  # prompt stage, DisNCL's warm-up, SGRAF's all-negatives start) have their own settings and come before it.
   c.num_epochs = 10
-  c.total_steps = config_dict.placeholder(int)  # overrides num_epochs when set (benchmarks, smoke runs)
+  c.total_steps = config_dict.placeholder(int)  # caps the run's steps when set (benchmarks, smoke runs)
 
   # The method: `name` picks it from the registry; the rest are its own options (methods add keys here).
   c.method = ml_collections.ConfigDict(dict(name="clip", init_from=""))
@@ -160,6 +162,15 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.log = ml_collections.ConfigDict(dict(every_steps=10, tensorboard=False, progress=True))
   return c
+
+
+# The arguments NC-bench passes to the config of each of its rows (ncjax.ncbench.cell_config; a row is a method's
+# `BenchEntry`): every config a row names accepts `data` (a dataset name), `noise` (the injected ratio), `epochs`
+# (the main stage's) and `batch` (the global batch); two-tower rows also `model` (a size name); rows that start from
+# another run of their cell also `init` (its workdir); rows that read another run's per-sample scores also
+# `forget_scores` (its workdir). tests/cli/test_ncbench.py loads every registered row's config with them.
+BENCH_ARGUMENTS = dict(every=("data", "noise", "epochs", "batch"), two_tower=("model",), start=("init",),
+                       scores=("forget_scores",))
 
 
 # The embedded datasets, whose configs inject synthetic noise by default (they are clean otherwise). A user's own

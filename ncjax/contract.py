@@ -6,9 +6,8 @@ all speak the same types without importing each other.
   ParamGroup  which parameters (regex over '/'-joined paths) train at which rate, or are frozen (lr=None)
   Update      one optimiser update inside a step: a pure loss over (params, method_state, batch, rng)
   Stage       a phase of training: its epochs, its updates, and what runs on the parameters after each update
-  EvalModel   what evaluators need: encoders into the model's geometry and the score they rank by
-  latest_clean_scores  where a run's per-sample clean scores are saved (the noise-detection evaluator writes them,
-              a composed method reads them)
+  EvalModel   what evaluators need: encoders into the model's geometry, the score they rank by, and the method's
+              per-sample clean scores of the training pairs when it keeps them
 """
 
 from __future__ import annotations
@@ -21,20 +20,6 @@ import jax
 import jax.numpy as jnp
 
 PyTree = Any
-
-# A run's per-sample clean scores (example-id order, with the clean flags and the noise index's sha256), as the
-# noise-detection evaluator saves them: RUN/eval/step_<N>_clean_scores.npz.
-CLEAN_SCORES_FILE = re.compile(r"step_(\d+)_clean_scores\.npz")
-
-
-def latest_clean_scores(run_dir: str) -> str | None:
-  """RUN_DIR/eval/step_<N>_clean_scores.npz of the largest N (what the evaluator last wrote), or None."""
-  import os
-  eval_dir = os.path.join(run_dir, "eval")
-  if not os.path.isdir(eval_dir):
-    return None
-  found = sorted((int(m.group(1)), f) for f in os.listdir(eval_dir) if (m := CLEAN_SCORES_FILE.fullmatch(f)))
-  return os.path.join(eval_dir, found[-1][1]) if found else None
 
 # Batch entries a method's loss must never see: ground truth kept for diagnostics only.
 DIAGNOSTIC_KEYS = ("clean", "label")
@@ -106,7 +91,8 @@ def chain_post_updates(*fns: PostUpdate | None) -> PostUpdate | None:
 
 @dataclasses.dataclass
 class EvalModel:
-  """What evaluators need: encoders into the model's geometry and the score they rank by."""
+  """What evaluators need: encoders into the model's geometry and the score they rank by. Each model kind builds
+  its own (`TwoTower.eval_model()`, the region models'); a method attaches its per-sample `clean_scores`."""
   encode_image: Callable[[jax.Array], jax.Array]
   encode_text: Callable[[jax.Array], jax.Array]
   score: Callable[[jax.Array, jax.Array], jax.Array]
@@ -115,6 +101,43 @@ class EvalModel:
   norm: Callable[[jax.Array], jax.Array] | None = None            # an embedding's distance from the origin (MERU)
   pair_score: Callable[[jax.Array, jax.Array], jax.Array] | None = None  # score of aligned pairs (n,), cheaper
                                                                   # than a matrix's diagonal (learned similarities)
+  # The method's per-sample clean scores of the training pairs, indexed by example id (capacity-long, higher =
+  # cleaner), and the set it flags as noisy (or None); None when the method keeps none (evaluators then score
+  # each training pair with `score` / `pair_score`).
+  clean_scores: tuple[jax.Array, jax.Array | None] | None = None
+
+
+def combined_eval_model(parts: Sequence[EvalModel]) -> EvalModel:
+  """Several networks evaluated as one (GSC+'s co-teaching pair): embeddings concatenated along the last axis,
+  scores (and pair scores, prompt ensembles, pre-projection features) computed per network on its own part and
+  averaged — the public code averages the two networks' similarities."""
+  k = len(parts)
+  if k == 1:
+    return parts[0]
+
+  def split(x):
+    return jnp.split(x, k, axis=-1)
+
+  def concat(fns):
+    return lambda x: jnp.concatenate([f(x) for f in fns], axis=-1)
+
+  def average(fns):
+    return lambda a, b: sum(f(pa, pb) for f, pa, pb in zip(fns, split(a), split(b))) / k
+
+  def each(fns):
+    return lambda x: jnp.concatenate([f(part) for f, part in zip(fns, split(x))], axis=-1)
+
+  def all_of(name):
+    fns = [getattr(p, name) for p in parts]
+    return fns if all(f is not None for f in fns) else None
+
+  pair, features, ensembles = all_of("pair_score"), all_of("image_features"), all_of("ensemble")
+  return EvalModel(encode_image=concat([p.encode_image for p in parts]),
+                   encode_text=concat([p.encode_text for p in parts]),
+                   score=average([p.score for p in parts]),
+                   pair_score=average(pair) if pair else None,
+                   image_features=concat(features) if features else None,
+                   ensemble=each(ensembles) if ensembles else None)
 
 
 def param_path(path) -> str:

@@ -1,9 +1,13 @@
-"""Assembling an experiment from a config: mesh, training split, tokenizer, noise, input pipeline and method.
+"""Assembling an experiment from a config: the one place the raw config is interpreted.
 
-Each piece is built by the module that owns it (big_vision style): the mesh by `ncjax.sharding`, the split by
-`ncjax.data`, the tokenizer by `ncjax.tokenizers`, the static noise and the per-step batch transform by
-`ncjax.data.noise`, the pipeline by `ncjax.data.pipeline`, the method by `ncjax.methods`. This module only wires
-them together; the trainer (`ncjax.train`) consumes the result and evaluators may too.
+`resolve(config)` turns it into typed, frozen pieces once — the model spec (`ncjax.models.ModelSpec`), the method's
+class and its options (`Method.Options.from_config`), the starting point (`InitSource`: nothing, an ncjax run, or
+a pretrained checkpoint) — and `build_experiment` wires the rest, each piece built by the module that owns it
+(big_vision style): the mesh by `ncjax.sharding`, the split by `ncjax.data`, the tokenizer by `ncjax.tokenizers`,
+the static noise and the per-step batch transform by `ncjax.data.noise`, the pipeline by `ncjax.data.pipeline`,
+another run's per-sample scores by `ncjax.data.scores`, the method by `ncjax.methods`. Below this module nothing
+reads the config's method, model or loss sections; the trainer (`ncjax.train`) and the evaluation
+(`ncjax.evaluation`) consume the result.
 """
 
 from __future__ import annotations
@@ -13,19 +17,106 @@ from typing import Any
 
 import jax
 
+from ncjax import checkpoint as ckpt_lib
 from ncjax import data as data_lib
-from ncjax import models, tokenizers
+from ncjax import models, pretrained, tokenizers
 from ncjax import sharding as shard_lib
-from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform_from_config, noise_from_config
+from ncjax.data import scores as scores_lib
 from ncjax.data.concepts import concept_train_data
+from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform_from_config, noise_from_config
 from ncjax.data.pipeline import TrainData
-from ncjax.methods import Method, build_method
-from ncjax import pretrained
+from ncjax.methods import Method, MethodSetup, build_method, method_class
+from ncjax.options import Options
+
+
+@dataclasses.dataclass(frozen=True)
+class InitSource:
+  """Where a run's parameters start (`method.init_from`): nothing ('none'), another ncjax run's latest checkpoint
+  ('run': its modules and its tokenizer), or a pretrained checkpoint ('pretrained': openai:PATH, open_clip:PATH,
+  hf:DIR, meru:PATH — it also defines the architecture, see `resolve_config`)."""
+  kind: str
+  spec: str = ""
+
+  @classmethod
+  def parse(cls, init_from: str) -> "InitSource":
+    if not init_from:
+      return cls("none")
+    return cls("pretrained" if pretrained.is_pretrained_spec(init_from) else "run", init_from)
+
+  def saved_tokenizer(self) -> dict | None:
+    """A run's vocabulary comes with its weights; None otherwise."""
+    return ckpt_lib.read_source_meta(self.spec)["tokenizer"] if self.kind == "run" else None
+
+  def overlay(self, params, abstract_params, shardings):
+    """Fresh parameters with the source's modules laid over them (placed with `shardings`)."""
+    if self.kind == "pretrained":
+      return pretrained.overlay(params, self.spec, shardings)
+    if self.kind == "run":
+      return ckpt_lib.overlay_params(params, self.spec, abstract_params, shardings)
+    return params
+
+
+def resolve_config(config):
+  """The config with the architecture, preprocessing and tokenizer of a pretrained checkpoint laid in, when
+  `method.init_from` names one (openai:PATH, open_clip:PATH, hf:DIR, meru:PATH); otherwise unchanged.
+
+  The resolved config records the spec in `model.pretrained`; a config already resolved (e.g. the one stored in a
+  run's checkpoint, which `ncjax eval` reuses) is returned as it is, without reading the pretrained file."""
+  spec = config.method.init_from
+  if not pretrained.is_pretrained_spec(spec) or config.model.pretrained == spec:
+    return config
+  model_config, _ = pretrained.load(spec)
+  resolved = config.copy_and_resolve_references()
+  with resolved.unlocked():
+    pretrained.apply_to_config(resolved, model_config)
+  resolved.lock()
+  return resolved
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+  """A config's typed pieces (`resolve`)."""
+  config: Any              # the config with a pretrained architecture laid in (what checkpoints record)
+  model: models.ModelSpec
+  method_class: type
+  options: Options
+  init: InitSource
+
+  def setup(self, *, tokenizer, num_examples: int, prior_scores=None) -> MethodSetup:
+    c = self.config
+    return MethodSetup(model=self.model, tokenizer=tokenizer, num_examples=num_examples, num_epochs=c.num_epochs,
+                       seed=c.seed, lr=c.optim.lr, weight_decay=c.optim.weight_decay, freeze=c.optim.freeze,
+                       prior_scores=prior_scores)
+
+  def method(self, *, tokenizer, num_examples: int, prior_scores=None) -> Method:
+    return build_method(self.method_class.name, self.setup(tokenizer=tokenizer, num_examples=num_examples,
+                                                           prior_scores=prior_scores), self.options)
+
+  def prior_scores_source(self) -> str | None:
+    return self.method_class.prior_scores_source(self.options, self.config.method.init_from)
+
+
+def resolve(config) -> Resolved:
+  """Interpret the config once: its model spec, method class and options, and starting point."""
+  config = resolve_config(config)
+  cls = method_class(config.method.name)
+  if cls.needs_forget_retain_batches and config.concept.train_on != "forget_retain":
+    raise ValueError(f"method {cls.name!r} trains on batches of N retain and N forget pairs: set "
+                     f"concept.train_on='forget_retain' and the concept (concept.classes / subreddits / keywords); "
+                     f"got concept.train_on={config.concept.train_on!r}")
+  return Resolved(config, models.ModelSpec.from_config(config.model), cls, cls.Options.from_config(config),
+                  InitSource.parse(config.method.init_from))
+
+
+def method_from_config(config, *, tokenizer, num_examples: int, prior_scores=None) -> Method:
+  """The method a config describes (tests and tools that need one without the data)."""
+  return resolve(config).method(tokenizer=tokenizer, num_examples=num_examples, prior_scores=prior_scores)
 
 
 @dataclasses.dataclass
 class Experiment:
   config: Any
+  resolved: Resolved
   mesh: jax.sharding.Mesh
   tokenizer: Any
   train_data: TrainData
@@ -37,48 +128,45 @@ class Experiment:
   def steps_per_epoch(self) -> int:
     return self.train_data.steps_per_epoch
 
+  @property
+  def model_spec(self) -> models.ModelSpec:
+    return self.resolved.model
 
-def resolve_config(config):
-  """The config with the architecture, preprocessing and tokenizer of a pretrained checkpoint laid in, when
-  `method.init_from` names one (openai:PATH, open_clip:PATH, hf:DIR, meru:PATH); otherwise unchanged.
-
-  The resolved config records the spec in `model.pretrained`; a config already resolved (e.g. the one stored in a
-  run's checkpoint, which `ncjax eval` reuses) is returned as it is, without reading the pretrained file."""
-  spec = config.method.init_from
-  if not pretrained.is_pretrained_spec(spec) or config.model.get("pretrained", "") == spec:
-    return config
-  model_config, _ = pretrained.load(spec)
-  resolved = config.copy_and_resolve_references()
-  with resolved.unlocked():
-    pretrained.apply_to_config(resolved, model_config)
-  resolved.lock()
-  return resolved
+  @property
+  def init(self) -> InitSource:
+    return self.resolved.init
 
 
-def build_tokenizer(config, captions, saved: dict | None = None, vocabulary=None):
+def build_tokenizer(spec: models.ModelSpec, input_config, captions, saved: dict | None = None, vocabulary=None):
   """The tokenizer a run saved in its checkpoint; else, for a word tokenizer, the dataset's own vocabulary when it
   has one (NCR's precomp vocabulary: its words, in its order, after ncjax's special tokens); else one built for
-  this config from the training captions."""
+  this model from the training captions."""
   if saved is not None:
     return tokenizers.tokenizer_from_json(saved)
-  kind = models.tokenizer_kind_of(config.model)
-  if kind == "word" and vocabulary:
+  if spec.tokenizer_kind == "word" and vocabulary:
     ncr_specials = {"<pad>", "<start>", "<end>", "<unk>"}
     specials = ncr_specials | set(tokenizers.WordTokenizer.SPECIALS)
     words = [w for w in dict.fromkeys(vocabulary) if w not in specials]
-    return tokenizers.WordTokenizer(list(tokenizers.WordTokenizer.SPECIALS) + words,
-                                    models.context_length_of(config.model))
-  return tokenizers.build_tokenizer(captions, context_length=models.context_length_of(config.model),
-                                    min_count=config.input.min_word_count, kind=kind)
+    return tokenizers.WordTokenizer(list(tokenizers.WordTokenizer.SPECIALS) + words, spec.context_length)
+  return tokenizers.build_tokenizer(captions, context_length=spec.context_length,
+                                    min_count=input_config.min_word_count, kind=spec.tokenizer_kind)
 
 
 def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
+  """The whole experiment of a config. `saved_tokenizer`: the vocabulary of a checkpoint being resumed (else the
+  init run's, else one built from the training captions)."""
+  resolved = resolve(config)
+  config, spec = resolved.config, resolved.model
   mesh = shard_lib.make_mesh(config.mesh, devices)
-  image_size = models.image_size_of(config.model)
-  split = data_lib.load_split(config.input, config.input.split, image_size)
-  tokenizer = build_tokenizer(config, split.captions, saved_tokenizer, vocabulary=split.vocabulary)
+  split = data_lib.load_split(config.input, config.input.split, spec.image_size)
+  if saved_tokenizer is None:
+    saved_tokenizer = resolved.init.saved_tokenizer()
+  tokenizer = build_tokenizer(spec, config.input, split.captions, saved_tokenizer, vocabulary=split.vocabulary)
   noisy = noise_from_config(config.noise, split.caption_to_image)
-  train_data = concept_train_data(config, split, tokenizer, mesh, noisy, image_size=image_size)
-  method = build_method(config, tokenizer=tokenizer, num_examples=train_data.num_examples,
-                        noise_sha256=train_data.noise_sha256)
-  return Experiment(config, mesh, tokenizer, train_data, method, noisy, batch_transform_from_config(config.noise))
+  train_data = concept_train_data(config, split, tokenizer, mesh, noisy, image_size=spec.image_size)
+  source = resolved.prior_scores_source()
+  prior = (scores_lib.load_clean_scores(source, train_data.num_examples, train_data.noise_sha256)
+           if source is not None else None)
+  method = resolved.method(tokenizer=tokenizer, num_examples=train_data.num_examples, prior_scores=prior)
+  return Experiment(config, resolved, mesh, tokenizer, train_data, method, noisy,
+                    batch_transform_from_config(config.noise))

@@ -28,11 +28,9 @@ import ncjax
 from ncjax import checkpoint as ckpt_lib
 from ncjax import optim as optim_lib
 from ncjax import sharding as shard_lib
-from ncjax.checkpoint import overlay_params
 from ncjax.config_lib import to_json_dict
 from ncjax.contract import Stage, scalar_metrics, strip_diagnostics
-from ncjax.experiment import Experiment, build_experiment, resolve_config
-from ncjax import pretrained
+from ncjax.experiment import Experiment, build_experiment
 from ncjax.logging_utils import MetricWriter, Progress
 
 log = logging.getLogger("ncjax")
@@ -136,7 +134,6 @@ class Trainer:
 
   def __init__(self, config, workdir: str, *, devices=None, step: int | None = None):
     """`step`: restore that checkpoint instead of the latest (evaluation of a run's history)."""
-    config = resolve_config(config)   # a pretrained init_from defines the architecture
     self.config, self.workdir = config, workdir
     if step is None:  # training: the workdir takes checkpoints and metrics (checked before any work)
       ckpt_lib.ensure_writable(workdir)
@@ -147,11 +144,9 @@ class Trainer:
       raise FileNotFoundError(f"{workdir} has no checkpoint at step {step}; it has {self.checkpointer.all_steps()}")
     self.resume_meta = self.checkpointer.read_meta(latest) if latest is not None else None
     saved_tok = self.resume_meta["tokenizer"] if self.resume_meta else None
-    if saved_tok is None and config.method.init_from and not pretrained.is_pretrained_spec(config.method.init_from):
-      # Starting from another run's weights: its vocabulary comes with them.
-      saved_tok = ckpt_lib.read_source_meta(config.method.init_from)["tokenizer"]
     self.exp = build_experiment(config, devices=devices, saved_tokenizer=saved_tok)
     exp = self.exp
+    self.config = config = exp.config   # with a pretrained init_from's architecture laid in
     if exp.steps_per_epoch < 1:
       raise ValueError("fewer training examples than one global batch")
     self.spans = stage_spans(exp.method.stages(), exp.steps_per_epoch)
@@ -174,12 +169,7 @@ class Trainer:
   # --- state creation / restore -------------------------------------------------------------------------------
   def init_params(self):
     params = jax.jit(self.exp.method.init_params, out_shardings=self.param_sh)()
-    init_from = self.config.method.init_from
-    if pretrained.is_pretrained_spec(init_from):
-      params = pretrained.overlay(params, init_from, self.param_sh)
-    elif init_from:
-      params = overlay_params(params, init_from, self.abstract_params, self.param_sh)
-    return params
+    return self.exp.init.overlay(params, self.abstract_params, self.param_sh)
 
   def init_state(self, span: StageSpan):
     prog = self.program(span)

@@ -42,7 +42,7 @@ _COMMON = ("--cpu_devices=8", "--config.log.progress=False", "--config.log.every
 
 SCENARIOS = {
     # 5 steps per epoch on digits at batch 256: stage 1 (prompt) = steps 0-4, stage 2 (unlearning) = 5-9.
-    "ncu": ("--config=configs/ncu.py:model=micro,batch=256,epochs=2,epochs_prompt=1",),
+    "ncu": ("--config=configs/ncu.py:model=micro,batch=256,epochs=1,epochs_prompt=1",),
     # warm-up epoch, then GSC with the GMM labels refreshed at every epoch's end (steps 5 and 10).
     "gsc": ("--config=configs/gsc.py:model=micro,batch=256,epochs=3,warmup=1",),
 }

@@ -20,7 +20,8 @@ def public_multiplier(step, warmup, total):
 def test_ncu_paper_schedule_follows_the_public_formula_across_both_stages():
   cfg = load_config("ncu", "setting=paper")
   assert cfg.optim.schedule_scope == "run" and cfg.optim.schedule_offset_epochs == 1
-  spe, epochs, prompt = 1600, cfg.num_epochs, cfg.method.epochs_prompt   # CC3M at a global batch of 2048
+  prompt = cfg.method.epochs_prompt
+  spe, epochs = 1600, prompt + cfg.num_epochs   # CC3M at a global batch of 2048; the run: prompt + unlearning stage
   run_steps = spe * epochs
   stage1 = optim.ScheduleContext(stage_start=0, stage_steps=prompt * spe, run_steps=run_steps, steps_per_epoch=spe)
   stage2 = optim.ScheduleContext(stage_start=prompt * spe, stage_steps=(epochs - prompt) * spe, run_steps=run_steps,

@@ -1,5 +1,7 @@
 """Test-only methods exercising what the seed methods need from the trainer, without method-specific code in it."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -7,18 +9,19 @@ from flax import nnx
 from ncjax.losses import contrastive
 from ncjax.methods import ParamGroup, Stage, Update, register
 from ncjax.methods.two_tower import SingleModelMethod
+from ncjax.options import Options, method_option
 
 
 @register("test_two_stage")
 class TwoStage(SingleModelMethod):
   """Stage 'a' trains only the text tower, stage 'b' only the image tower (as NCU's prompt/unlearning stages)."""
 
-  def model_loss(self, model, batch, rng):
+  def model_loss(self, model, batch, rng, state=None):
     return contrastive.infonce(model.encode_image(batch["image"]), model.encode_text(batch["tokens"]),
                                model.get_logit_scale())
 
   def stages(self):
-    lr = self.config.optim.lr
+    lr = self.setup.lr
     return (
         Stage("a", 1, (Update("main", self.loss_fn, (ParamGroup(r"model/txt/.*", lr, name="text"),
                                                      ParamGroup(".*", None))),)),
@@ -36,7 +39,7 @@ class EpochState(SingleModelMethod):
     return dict(seen=jnp.zeros((capacity,), jnp.int32), epochs=jnp.zeros((), jnp.int32),
                 score=jnp.zeros((capacity,), jnp.float32))
 
-  def model_loss(self, model, batch, rng):
+  def model_loss(self, model, batch, rng, state=None):
     return contrastive.infonce(model.encode_image(batch["image"]), model.encode_text(batch["tokens"]),
                                model.get_logit_scale())
 
@@ -62,16 +65,23 @@ class Discriminator(nnx.Module):
     return self.w(jnp.concatenate([a, b], axis=-1))[:, 0]
 
 
+@dataclasses.dataclass(frozen=True)
+class AlternatingOptions(Options):
+  freeze_encoder_in_enc_update: bool = method_option(False)
+
+
 @register("test_alternating")
 class Alternating(SingleModelMethod):
   """A discriminator update, then an encoder update, in every step (as DisNCL's adversarial MI terms)."""
+
+  Options = AlternatingOptions
 
   def create_modules(self):
     mods = super().create_modules()
     mods["disc"] = Discriminator(64, nnx.Rngs(1))
     return mods
 
-  def model_loss(self, model, batch, rng):
+  def model_loss(self, model, batch, rng, state=None):
     return contrastive.infonce(model.encode_image(batch["image"]), model.encode_text(batch["tokens"]),
                                model.get_logit_scale())
 
@@ -94,9 +104,9 @@ class Alternating(SingleModelMethod):
     return clip_loss - 0.1 * (jnp.mean(jax.nn.softplus(-pos)) + jnp.mean(jax.nn.softplus(neg))), (metrics, state)
 
   def stages(self):
-    lr = self.config.optim.lr
-    enc_lr = None if self.config.method.get("freeze_encoder_in_enc_update", False) else lr
-    return (Stage("train", self.config.num_epochs, (
+    lr = self.setup.lr
+    enc_lr = None if self.options.freeze_encoder_in_enc_update else lr
+    return (Stage("train", self.setup.num_epochs, (
         Update("disc", self.disc_loss, (ParamGroup(r"disc/.*", lr, name="disc"), ParamGroup(".*", None))),
         Update("enc", self.enc_loss, (ParamGroup(r"model/.*", enc_lr, name="enc"), ParamGroup(".*", None))),
     )),)

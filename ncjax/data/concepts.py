@@ -10,7 +10,6 @@ import numpy as np
 
 from ncjax.data.pipeline import train_data_from_config
 from ncjax.data.types import PairSplit
-from ncjax.models import image_size_of
 
 # Subreddit groups in the spirit of RedCaps' topical communities; extend or pass your own lists.
 SUBREDDIT_GROUPS = {
@@ -59,10 +58,10 @@ def forget_retain(split: PairSplit, mask: np.ndarray) -> tuple[np.ndarray, np.nd
   return np.flatnonzero(mask), np.flatnonzero(~mask)
 
 
-def forget_retain_data(config, split: PairSplit, tokenizer, mesh, mask: np.ndarray, noisy=None):
+def forget_retain_data(config, split: PairSplit, tokenizer, mesh, mask: np.ndarray, noisy=None, *, image_size: int):
   """Two TrainData over the forget and the retain examples (same batch size, seed and transforms)."""
   forget, retain = forget_retain(split, mask)
-  size = image_size_of(config.model)
+  size = image_size
   return (train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=size, subset=forget),
           train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=size, subset=retain))
 
@@ -102,7 +101,7 @@ class ForgetRetainData:
 
   def __getattr__(self, name):
     # The split, its size, clean flags, tokens, transforms: shared by both streams.
-    if name in ("split", "tokenizer", "num_examples", "caption_to_image", "clean", "noise_sha256", "tokens",
+    if name in ("split", "tokenizer", "num_examples", "caption_to_image", "clean", "noise_sha256", "tokens", "pairs",
                 "image_size", "normalization", "mesh", "seed", "in_memory"):
       return getattr(self.retain_data, name)
     raise AttributeError(name)

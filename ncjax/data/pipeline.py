@@ -19,6 +19,7 @@ with input.on_bad_record='raise' it raises with the record's id.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 
@@ -54,6 +55,40 @@ def check_batch_divisible(global_batch: int, mesh) -> None:
     raise ValueError(f"global batch size {global_batch} is not divisible by the {jax.process_count()} processes")
 
 
+@dataclasses.dataclass
+class TrainingPairs:
+  """The training pairs as the loss saw them — caption k with image caption_to_image[k] after any injected noise —
+  and their ground-truth clean flags (the data's own and the noise's): what noise detection scores. Built by the
+  pipeline (`TrainData.pairs()`) or, to evaluate a saved run without its input pipeline, by
+  `training_pairs_from_config`."""
+  split: PairSplit
+  caption_to_image: np.ndarray
+  clean: np.ndarray
+  noise_sha256: str | None
+  image_size: int
+  normalization: str
+  tokens: np.ndarray | None = None   # the captions' token ids when already encoded (in-memory splits)
+
+  @property
+  def num_examples(self) -> int:
+    return self.split.num_captions
+
+  def images(self):
+    """The split's images as evaluators batch over them (the evaluation transform, no augmentation)."""
+    from ncjax.data import eval_images
+    return eval_images(self.split, self.image_size or 0, self.normalization)
+
+  def token_ids(self, tokenizer) -> np.ndarray:
+    return self.tokens if self.tokens is not None else tokenizer.encode(self.split.captions)
+
+
+def clean_flags(split: PairSplit, noisy: NoisyIndex | None) -> np.ndarray:
+  """Ground truth for diagnostics (noise detection), never seen by a loss: the data's own clean flags where it has
+  them (a table's clean column), and the injected noise on top."""
+  own = np.ones(split.num_captions, bool) if split.pair_clean is None else np.asarray(split.pair_clean, bool)
+  return own if noisy is None else own & noisy.clean
+
+
 class TrainData:
   """Global batches of training pairs, keyed by stable example id (= caption index in the split)."""
 
@@ -73,10 +108,7 @@ class TrainData:
     self.num_examples = split.num_captions   # id space (state capacity); the subset may be smaller
     self.steps_per_epoch = n // global_batch_size
     self.caption_to_image = split.caption_to_image if noisy is None else noisy.caption_to_image
-    # Ground truth for diagnostics (noise detection), never seen by a loss: the data's own clean flags where it
-    # has them (a table's clean column), and the injected noise on top.
-    own_clean = np.ones(split.num_captions, bool) if split.pair_clean is None else np.asarray(split.pair_clean, bool)
-    self.clean = own_clean if noisy is None else own_clean & noisy.clean
+    self.clean = clean_flags(split, noisy)
     self.noise_sha256 = None if noisy is None else noisy.sha256
     self.sharding = NamedSharding(mesh, P(batch_axes(mesh)))
     self.in_memory = isinstance(split.images, np.ndarray)
@@ -86,6 +118,10 @@ class TrainData:
     self.num_threads, self.prefetch = num_threads, prefetch
     # Two epochs may be in flight at once around an epoch boundary (reader threads run ahead).
     self.epoch_permutation = functools.lru_cache(maxsize=3)(self._epoch_permutation)
+
+  def pairs(self) -> TrainingPairs:
+    return TrainingPairs(self.split, self.caption_to_image, self.clean, self.noise_sha256, self.image_size or 0,
+                         self.normalization, self.tokens)
 
   # --- order ------------------------------------------------------------------------------------------------------
   def _epoch_permutation(self, epoch: int) -> np.ndarray:
@@ -218,6 +254,18 @@ def train_data_from_config(input_config, split: PairSplit, tokenizer, mesh, nois
                    image_size=image_size, normalization=inp.normalization, augment=inp.augment,
                    crop_scale=inp.crop_scale, on_bad_record=inp.on_bad_record, num_threads=inp.num_threads,
                    prefetch=inp.prefetch)
+
+
+def training_pairs_from_config(input_config, noise_config, *, image_size: int) -> TrainingPairs:
+  """The training pairs of a run's config without its input pipeline (evaluating a saved run): its split, the same
+  injected noise (the noise index is a pure function of the config) and the clean flags."""
+  from ncjax.data import load_split
+  from ncjax.data.noise import noise_from_config
+  split = load_split(input_config, input_config.split, image_size)
+  noisy = noise_from_config(noise_config, split.caption_to_image)
+  return TrainingPairs(split, split.caption_to_image if noisy is None else noisy.caption_to_image,
+                       clean_flags(split, noisy), None if noisy is None else noisy.sha256, image_size,
+                       input_config.normalization)
 
 
 def _stack_examples(examples):

@@ -29,9 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ncjax.losses import chunked
+from ncjax.losses import chunked, contrastive
 from ncjax.losses.common import LossOutput, f32
 from ncjax.numerics import diagonal, scaled_dot
+from ncjax.options import read_section
 from ncjax.ot.masked import KernelSinkhorn, solver_from_name
 from ncjax.sharding import shard_rows
 
@@ -64,9 +65,8 @@ class PromptOptions:
 
   @classmethod
   def from_config(cls, loss_cfg) -> "PromptOptions":
-    return cls(lambda_rel=loss_cfg.lambda_rel, lambda_sep=loss_cfg.lambda_sep_prompt, use_itm=loss_cfg.use_itm,
-               use_neg_itm=loss_cfg.use_neg_itm, use_rel=loss_cfg.use_rel, use_sep=loss_cfg.use_sep,
-               rel=loss_cfg.rel)
+    """From `config.loss` (stage 1's L_sep weight is `lambda_sep_prompt` there; `band` is not a setting)."""
+    return read_section(cls, loss_cfg, renames=dict(lambda_sep="lambda_sep_prompt"), keep=("band",))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,12 +93,21 @@ class UnlearningOptions:
 
   @classmethod
   def from_config(cls, loss_cfg) -> "UnlearningOptions":
-    solver = solver_from_name(loss_cfg.solver, epsilon=loss_cfg.epsilon,
-                              max_iterations=loss_cfg.sinkhorn_iterations, threshold=loss_cfg.sinkhorn_threshold,
-                              kernel_dtype=loss_cfg.get("sinkhorn_dtype", "float32"))
-    return cls(kappa=loss_cfg.kappa, solver=solver, normalize_text_targets=loss_cfg.normalize_text_targets,
-               combine=loss_cfg.combine, lambda_sep=loss_cfg.lambda_sep, sep_scope=loss_cfg.sep_scope,
-               share_plan=loss_cfg.get("share_plan", False), chunk_rows=loss_cfg.get("chunk_rows", 0))
+    """From `config.loss`: the Sinkhorn solver named by `SinkhornSettings`, every other field by its name."""
+    sinkhorn = read_section(SinkhornSettings, loss_cfg)
+    solver = solver_from_name(sinkhorn.solver, epsilon=sinkhorn.epsilon, max_iterations=sinkhorn.sinkhorn_iterations,
+                              threshold=sinkhorn.sinkhorn_threshold, kernel_dtype=sinkhorn.sinkhorn_dtype)
+    return read_section(cls, loss_cfg, keep=("band",), solver=solver)
+
+
+@dataclasses.dataclass(frozen=True)
+class SinkhornSettings:
+  """Which masked Sinkhorn solver stage 2 runs, as `config.loss` names it (public-code values)."""
+  solver: str = "kernel"            # 'kernel' | 'ott' | 'reference' (ncjax.ot.masked)
+  epsilon: float = 0.03
+  sinkhorn_iterations: int = 100
+  sinkhorn_threshold: float = 1e-4
+  sinkhorn_dtype: str = "float32"   # 'bfloat16': the kernel stored in bf16 (half the mat-vec traffic)
 
 
 @jax.tree_util.register_dataclass
@@ -358,3 +367,28 @@ def unlearning_loss(image_emb, text_emb, neg_text_emb, logit_scale, forget_mask,
       kappa=kappa, solver=solver, normalize_text_targets=normalize_text_targets, combine=combine,
       lambda_sep=lambda_sep, sep_scope=sep_scope, band=tuple(band), share_plan=share_plan), return_plans=True)
   return out.loss, out.metrics()
+
+
+def label_smoothed_infonce_terms(logits, smoothing: float):
+  """Per-pair symmetric CLIP loss with label smoothing (targets (1 - eps) on the diagonal, eps spread uniformly)."""
+  n = logits.shape[0]
+  targets = (1.0 - smoothing) * jnp.eye(n, dtype=jnp.float32) + smoothing / n
+  i2t = -jnp.sum(targets * jax.nn.log_softmax(logits, axis=1), axis=1)
+  t2i = -jnp.sum(targets * jax.nn.log_softmax(logits, axis=0), axis=0)
+  return 0.5 * (i2t + t2i)
+
+
+def gradient_ascent(image_emb, text_emb, logit_scale, forget_mask, *, label_smoothing: float = 0.1,
+                    ga_weight: float = 1.0):
+  """NCU paper Sec. 5.3's gradient-ascent baseline over the global batch: -L_CLIP on the forget set plus
+  label-smoothed L_CLIP on the retained set, each averaged over its own pairs:
+    loss = ga_weight * (-mean_{i in F} l_i) + mean_{i not in F} l~_i.
+  Returns (loss, metrics)."""
+  logits = scaled_dot(image_emb, text_emb, logit_scale)
+  _, base = contrastive.infonce_from_logits(logits)
+  smoothed = label_smoothed_infonce_terms(logits, label_smoothing)
+  f = f32(forget_mask)
+  n_f, n_r = jnp.maximum(f.sum(), 1.0), jnp.maximum((1 - f).sum(), 1.0)
+  ascent = -jnp.sum(f * base["per_pair_loss"]) / n_f
+  retain = jnp.sum((1 - f) * smoothed) / n_r
+  return ga_weight * ascent + retain, dict(loss_ascent=ascent, loss_retain=retain)

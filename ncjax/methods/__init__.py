@@ -1,17 +1,17 @@
 """Methods: step builders composed from ncjax.losses. Importing this package registers the built-in methods."""
 
 from ncjax.methods import ac, bayes, clip, disncl, gsc, ncu, sgraf, siglip  # noqa: F401  (registration)
-from ncjax.methods.base import (DIAGNOSTIC_KEYS, EvalModel, Method, ParamGroup, Stage, Update, group_labels,
-                                param_path)
-from ncjax.methods.registry import METHODS, register
+from ncjax.methods.base import (DIAGNOSTIC_KEYS, BenchEntry, EvalModel, Method, MethodSetup, ParamGroup, Stage,
+                                Update, group_labels, param_path)
+from ncjax.methods.registry import METHODS, bench_entries, method_class, register
 
 
-def build_method(config, *, tokenizer, num_examples: int, noise_sha256: str | None = None) -> Method:
-  """The registered method `config.method.name`, built from the config (`noise_sha256`: the training pairs' noise
-  index, for methods that read another run's per-sample state and must check it scored the same pairs)."""
-  return METHODS.get(config.method.name)(config, tokenizer=tokenizer, num_examples=num_examples,
-                                         noise_sha256=noise_sha256)
+def build_method(name: str, setup: MethodSetup, options=None) -> Method:
+  """The registered method `name` built from its setup and options (its `Options()` defaults when None).
+  `ncjax.experiment.method_from_config` builds both from a config."""
+  return method_class(name)(setup, options)
 
 
-__all__ = ["Method", "ParamGroup", "Stage", "Update", "EvalModel", "METHODS", "build_method", "register",
-           "group_labels", "param_path", "DIAGNOSTIC_KEYS"]
+__all__ = ["Method", "MethodSetup", "BenchEntry", "ParamGroup", "Stage", "Update", "EvalModel", "METHODS",
+           "build_method", "method_class", "bench_entries", "register", "group_labels", "param_path",
+           "DIAGNOSTIC_KEYS"]

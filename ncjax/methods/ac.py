@@ -11,13 +11,16 @@ the checkpoint evaluated as it is. configs/ac.py and configs/hac.py set all of t
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
 from ncjax.losses import ac
-from ncjax.methods.clip import CLIP
+from ncjax.methods.clip import CLIP, CLIPOptions
 from ncjax.methods.registry import register
 from ncjax.methods.two_tower import SingleModelMethod
 from ncjax.models import lorentz
+from ncjax.options import Options, loss_option
 
 
 def split_forget_retain(embeddings, forget):
@@ -27,15 +30,37 @@ def split_forget_retain(embeddings, forget):
   return embeddings[order[:n]], embeddings[order[n:]]
 
 
-class _CalibrationMethod(SingleModelMethod):
-  """Shared by AC and HAC: checks the data layout and encodes the two halves of a forget/retain batch."""
+@dataclasses.dataclass(frozen=True)
+class ACOptions(Options):
+  """AC's weights (the slides' eq. 3-6); the defaults are HAC's best row (configs/ac.py sets its own)."""
+  alpha: float = loss_option(0.5)
+  beta: float = loss_option(0.5)
+  gamma: float = loss_option(0.5)
+  epsilon: float = loss_option(0.1)
 
-  def __init__(self, config, **kw):
-    super().__init__(config, **kw)
-    if config.concept.train_on != "forget_retain":
-      raise ValueError(f"method {self.name!r} trains on batches of N retain and N forget pairs: set "
-                       f"concept.train_on='forget_retain' and the concept (concept.classes / subreddits / keywords); "
-                       f"got concept.train_on={config.concept.train_on!r}")
+
+@dataclasses.dataclass(frozen=True)
+class HACOptions(ACOptions):
+  """HAC / HAC-reg (eq. 7-11): the entailment calibration and the Lorentz-norm regulariser (lam = 0: HAC)."""
+  omega_r: float = loss_option(0.2)
+  omega_f: float = loss_option(1.0)
+  lam: float = loss_option(0.5)
+  f_ent_on: str = loss_option("forget")
+  norm_reg: str = loss_option("toward_origin")
+  min_radius: float = loss_option(0.1)
+
+
+@dataclasses.dataclass(frozen=True)
+class MERUOptions(CLIPOptions):
+  entail_weight: float = loss_option(0.2)
+  min_radius: float = loss_option(0.1)
+
+
+class _CalibrationMethod(SingleModelMethod):
+  """Shared by AC and HAC: encodes the two halves of a forget/retain batch (`concept.train_on='forget_retain'`:
+  N retain and N forget pairs per global batch, the batch's `forget` flag says which)."""
+
+  needs_forget_retain_batches = True
 
   def embed_halves(self, model, batch):
     if "forget" not in batch:
@@ -51,12 +76,14 @@ class _CalibrationMethod(SingleModelMethod):
 class AlignmentCalibration(_CalibrationMethod):
   """AC on a CLIP model (cosine similarity)."""
 
-  def model_loss(self, model, batch, rng):
-    del rng
-    lc = self.config.loss
+  Options = ACOptions
+
+  def model_loss(self, model, batch, rng, state):
+    del rng, state
+    o = self.options
     xr, tr, xf, tf = self.embed_halves(model, batch)
-    loss, metrics = ac.ac_loss(xr, tr, xf, tf, model.get_logit_scale(), alpha=lc.alpha, beta=lc.beta,
-                               gamma=lc.gamma, epsilon=lc.epsilon)
+    loss, metrics = ac.ac_loss(xr, tr, xf, tf, model.get_logit_scale(), alpha=o.alpha, beta=o.beta,
+                               gamma=o.gamma, epsilon=o.epsilon)
     return loss, dict(metrics, logit_scale=jnp.exp(model.get_logit_scale()))
 
 
@@ -64,16 +91,17 @@ class AlignmentCalibration(_CalibrationMethod):
 class HyperbolicAlignmentCalibration(_CalibrationMethod):
   """HAC (lam = 0) or HAC-reg (lam > 0) on a MERU model (negative Lorentz distance, entailment cones)."""
 
+  Options = HACOptions
   supported_geometries = ("lorentz",)
 
-  def model_loss(self, model, batch, rng):
-    del rng
-    lc = self.config.loss
+  def model_loss(self, model, batch, rng, state):
+    del rng, state
+    o = self.options
     xr, tr, xf, tf = self.embed_halves(model, batch)
     curv = model.geometry.curvature()
-    loss, metrics = ac.hac_loss(xr, tr, xf, tf, model.get_logit_scale(), curv, alpha=lc.alpha, beta=lc.beta,
-                                gamma=lc.gamma, epsilon=lc.epsilon, omega_r=lc.omega_r, omega_f=lc.omega_f,
-                                lam=lc.lam, f_ent_on=lc.f_ent_on, norm_reg=lc.norm_reg, min_radius=lc.min_radius)
+    loss, metrics = ac.hac_loss(xr, tr, xf, tf, model.get_logit_scale(), curv, alpha=o.alpha, beta=o.beta,
+                                gamma=o.gamma, epsilon=o.epsilon, omega_r=o.omega_r, omega_f=o.omega_f,
+                                lam=o.lam, f_ent_on=o.f_ent_on, norm_reg=o.norm_reg, min_radius=o.min_radius)
     return loss, dict(metrics, logit_scale=jnp.exp(model.get_logit_scale()), curvature=curv)
 
 
@@ -82,16 +110,17 @@ class MERU(CLIP):
   """MERU (Desai et al. 2023): the contrastive loss on -s d_L plus `loss.entail_weight` times the entailment loss
   mean_i relu(oxy_angle(t_i, x_i) - half_aperture(t_i)) (the text's cone should contain its image)."""
 
+  Options = MERUOptions
   supported_geometries = ("lorentz",)
+  bench = ()
 
   def embedding_loss(self, model, img, txt):
     loss, metrics = super().embedding_loss(model, img, txt)
     curv = model.geometry.curvature()
-    entail = lorentz.entailment_loss(txt, img, curv, self.config.loss.get("min_radius", 0.1))
-    weight = self.config.loss.get("entail_weight", 0.2)
+    entail = lorentz.entailment_loss(txt, img, curv, self.options.min_radius)
     metrics = dict(metrics, loss_contrastive=loss, loss_entailment=entail, curvature=curv,
                    logit_scale=jnp.exp(model.get_logit_scale()))
-    return loss + weight * entail, metrics
+    return loss + self.options.entail_weight * entail, metrics
 
 
 __all__ = ["AlignmentCalibration", "HyperbolicAlignmentCalibration", "MERU", "split_forget_retain"]

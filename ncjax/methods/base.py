@@ -1,6 +1,9 @@
 """What a method is, as the trainer sees it.
 
-A method is a small object built from the config. It owns
+A method is a small object built once from resolved, typed inputs (`ncjax.experiment` builds them from the config):
+a `MethodSetup` (the model spec, the main stage's epochs, the default optimiser group, the seed, the tokenizer, the
+id space of per-sample state, per-sample prior scores when the method reads another run's) and its own `Options`
+(a frozen dataclass, `ncjax.options`). It owns
   * its modules (`create_modules`: a dict of NNX modules, e.g. {'model': TwoTower} or two networks for
     co-teaching, or an encoder plus a discriminator),
   * its method state (`init_state`: a pytree of per-sample arrays keyed by stable sample id, possibly empty),
@@ -9,52 +12,126 @@ A method is a small object built from the config. It owns
     learning rates, so alternating updates — a discriminator, then the encoders — are two Updates of one stage;
     a Stage or Update carries its own `post_update`, e.g. clamps on stored parameters),
   * optional hooks, detected by overriding: `end_of_epoch` (dataset-wide per-sample state updates, run jitted
-    once per epoch), `clean_scores` (noise detection), `eval_model` (how evaluators encode and score).
+    once per epoch), `clean_scores` (noise detection), `model_for_eval` (how evaluators encode and score),
+  * what NC-bench needs to run it (`bench`: its entries, each with a description, its config, and the runs of the
+    same cell it starts from or reads scores of).
 Parameters are plain nested dicts of arrays ({module name: {...}}), merged back into modules with `self.bind`.
 The trainer knows nothing else about a method. The types of the contract live in `ncjax.contract`.
+
+`num_epochs` means the same for every method: the epochs of its main stage. Preparatory stages that some methods
+run first — NCU's prompt stage (`method.epochs_prompt`), DisNCL's warm-up (`method.warmup_epochs`), SGRAF's
+all-negatives start (`loss.all_negatives_epochs`) — are counted by their own settings and come before it.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Sequence
+import dataclasses
+from typing import Any, Sequence
 
 import jax
+import numpy as np
 from flax import nnx
 
-from ncjax.contract import (DIAGNOSTIC_KEYS, EvalModel, ParamGroup, PyTree, Stage, Update, flat_paths,
-                            group_labels, param_path, scalar_metrics, strip_diagnostics)
+from ncjax.contract import (DIAGNOSTIC_KEYS, EvalModel, ParamGroup, PyTree, Stage, Update, combined_eval_model,
+                            flat_paths, group_labels, param_path, scalar_metrics, strip_diagnostics)
+from ncjax.models import ModelSpec
+from ncjax.options import NoOptions, Options
 
-__all__ = ["Method", "ParamGroup", "Update", "Stage", "EvalModel", "DIAGNOSTIC_KEYS", "param_path", "flat_paths",
-           "group_labels", "strip_diagnostics", "scalar_metrics"]
+__all__ = ["Method", "MethodSetup", "BenchEntry", "ParamGroup", "Update", "Stage", "EvalModel", "DIAGNOSTIC_KEYS",
+           "param_path", "flat_paths", "group_labels", "strip_diagnostics", "scalar_metrics"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSetup:
+  """What every method is built from besides its own options, resolved once from the config by ncjax.experiment.
+
+  num_epochs: the epochs of the method's main stage. lr / weight_decay / freeze: the optimiser's default group
+  (`optim.lr`, `optim.weight_decay`, `optim.freeze` — a regex of parameters to freeze). num_examples: the id space
+  of the training examples (per-sample state is indexed by id). prior_scores: float32[num_examples], another run's
+  per-sample clean scores, when the method's options name them (`Method.prior_scores_source`)."""
+  model: ModelSpec
+  tokenizer: Any
+  num_examples: int
+  num_epochs: int = 1
+  seed: int = 0
+  lr: float = 1e-3
+  weight_decay: float = 0.0
+  freeze: str = ""
+  prior_scores: np.ndarray | None = dataclasses.field(default=None, compare=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchEntry:
+  """A row NC-bench can run: `name` (what `methods=` lists), one line of `description`, the method's `config`
+  (a name under configs/ or a path to a config file) with extra `args`, the method whose run of the same cell it
+  starts from (`start`: passed as `init=`) and the method whose per-sample clean scores it reads (`scores`: passed
+  as `forget_scores=`), and the kind of model it trains ('two_tower' takes the bench's `model=` size; 'region'
+  keeps its config's).
+
+  Every config an entry names accepts the arguments NC-bench passes (ncjax.config_lib.BENCH_ARGUMENTS): `data`,
+  `noise`, `epochs` (the main stage's), `batch`, `model` (two-tower entries), `init` (entries with `start`) and
+  `forget_scores` (entries with `scores`)."""
+  name: str
+  description: str
+  config: str
+  args: str = ""
+  start: str | None = None
+  scores: str | None = None
+  model_kind: str = "two_tower"
+
+  @property
+  def needs(self) -> tuple[str, ...]:
+    return tuple(m for m in (self.start, self.scores) if m)
 
 
 class Method(abc.ABC):
-  """Base class. Subclasses set `name` and implement create_modules and stages."""
+  """Base class. Subclasses set `Options`, implement create_modules and stages, and may declare `bench` rows."""
 
   name: str = ""
-  # The embedding geometries (config.model.geometry) whose similarity this method's losses use. A method whose
-  # losses are cosine-based refuses MERU's Lorentz model at build time instead of computing dot products of
-  # hyperboloid points.
+  Options: type[Options] = NoOptions
+  # The embedding geometries (model.geometry) whose similarity this method's losses use. A method whose losses
+  # are cosine-based refuses MERU's Lorentz model at build time instead of computing dot products of hyperboloid
+  # points.
   supported_geometries: tuple[str, ...] = ("sphere",)
+  # The model kinds (ncjax.models.MODEL_KINDS) the method trains.
+  model_kinds: tuple[str, ...] = ("two_tower",)
+  # NC-bench's rows for this method (see BenchEntry); none: NC-bench does not offer it.
+  bench: tuple[BenchEntry, ...] = ()
+  # True: every global batch holds N retain and N forget pairs with the batch's `forget` flags (AC / HAC; the
+  # experiment checks `concept.train_on='forget_retain'`).
+  needs_forget_retain_batches: bool = False
 
-  def __init__(self, config, *, tokenizer, num_examples: int, noise_sha256: str | None = None):
-    geometry = config.model.get("geometry", "sphere")
-    if geometry not in self.supported_geometries:
+  def __init__(self, setup: MethodSetup, options: Options | None = None):
+    spec = setup.model
+    if spec.kind not in self.model_kinds:
+      raise ValueError(f"method {self.name!r} trains {' or '.join(self.model_kinds)} models, not a {spec.kind} "
+                       "model" + (": set model.image_type='regions' and model.text_type='bigru' (its config does)"
+                                  if "region" in self.model_kinds else
+                                  ": it needs image and text towers (model.image_type='vit')"))
+    if spec.geometry not in self.supported_geometries:
       raise ValueError(f"method {self.name!r} supports model.geometry in {self.supported_geometries}, not "
-                       f"{geometry!r}: its losses are written for that geometry's similarity"
+                       f"{spec.geometry!r}: its losses are written for that geometry's similarity"
                        + (" (cosine); for MERU models use method 'meru', 'clip', 'siglip' or 'hac'"
-                          if geometry == "lorentz" else ""))
-    self.config = config
-    self.tokenizer = tokenizer
-    self.num_examples = num_examples
-    self.noise_sha256 = noise_sha256
+                          if spec.geometry == "lorentz" else ""))
+    self.setup = setup
+    self.model_spec = spec
+    self.tokenizer = setup.tokenizer
+    self.num_examples = setup.num_examples
+    self.options = options if options is not None else self.Options()
     self._graphdef = None
+
+  @classmethod
+  def prior_scores_source(cls, options: Options, init_from: str) -> str | None:
+    """Where this method's per-sample prior scores come from (a run directory or a *_clean_scores.npz), when its
+    options ask for them; the experiment reads them (ncjax.data.scores) into `setup.prior_scores`. Default none."""
+    del options, init_from
+    return None
 
   # --- modules and parameters -------------------------------------------------------------------------------
   @abc.abstractmethod
   def create_modules(self) -> dict[str, nnx.Module]:
-    """The method's NNX modules by name (initialised from the config's seed)."""
+    """The method's NNX modules by name (initialised from the setup's seed)."""
 
   def _container(self):
     modules = self.create_modules()
@@ -64,7 +141,7 @@ class Method(abc.ABC):
     return box
 
   def init_params(self) -> PyTree:
-    """Concrete initial parameters (a nested dict); the seed comes from the config."""
+    """Concrete initial parameters (a nested dict); the seed comes from the setup."""
     graphdef, state = nnx.split(self._container(), nnx.Param)
     self._graphdef = graphdef
     return nnx.to_pure_dict(state)
@@ -106,21 +183,34 @@ class Method(abc.ABC):
     del params, state
     return None
 
-  def eval_model(self, params: PyTree) -> EvalModel:
-    model = self.bind(params).model
-    return EvalModel(encode_image=model.encode_image, encode_text=model.encode_text, score=model.score,
-                     image_features=lambda x: model.encode_image(x, return_features=True)[1],
-                     ensemble=model.geometry.ensemble, norm=getattr(model.geometry, "norm", None))
+  def model_for_eval(self, params: PyTree) -> EvalModel:
+    """The evaluators' view of the trained model: by default the 'model' module's own (each model kind builds its
+    EvalModel); several networks (`eval_modules`) are combined by `contract.combined_eval_model`."""
+    mods = self.bind(params)
+    return combined_eval_model([getattr(mods, name).eval_model() for name in self.eval_modules])
+
+  @property
+  def eval_modules(self) -> tuple[str, ...]:
+    """The modules evaluated (default: 'model')."""
+    return ("model",)
+
+  def eval_model(self, params: PyTree, state: PyTree | None = None) -> EvalModel:
+    """What every evaluator receives: `model_for_eval(params)` with the method's per-sample clean scores of the
+    training pairs attached when the state is given and the method keeps them."""
+    model = self.model_for_eval(params)
+    if state is not None:
+      model = dataclasses.replace(model, clean_scores=self.clean_scores(params, state))
+    return model
 
   # --- helpers for subclasses ---------------------------------------------------------------------------------
+  def frozen_groups(self) -> list[ParamGroup]:
+    """The parameters `optim.freeze` freezes (first, before a method's own groups)."""
+    return [ParamGroup(self.setup.freeze, None, name="frozen")] if self.setup.freeze else []
+
   def default_param_groups(self, lr: float | None = None, weight_decay: float | None = None,
                            extra: Sequence[ParamGroup] = ()) -> tuple[ParamGroup, ...]:
     """Config-frozen parameters first, then `extra`, then everything else at the optimiser's lr/weight decay."""
-    optim = self.config.optim
-    groups = []
-    if optim.freeze:
-      groups.append(ParamGroup(optim.freeze, None, name="frozen"))
-    groups.extend(extra)
-    groups.append(ParamGroup(".*", optim.lr if lr is None else lr,
-                             optim.weight_decay if weight_decay is None else weight_decay, name="default"))
-    return tuple(groups)
+    setup = self.setup
+    return tuple(self.frozen_groups() + list(extra) + [ParamGroup(
+        ".*", setup.lr if lr is None else lr, setup.weight_decay if weight_decay is None else weight_decay,
+        name="default")])

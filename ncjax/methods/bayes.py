@@ -19,48 +19,74 @@ Per-sample diagnostics (state): the effective positive probability w+ s+ / (w+ s
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from ncjax.losses import bayes, contrastive
-from ncjax.methods.base import Stage, Update
+from ncjax.methods.base import BenchEntry, Stage, Update
 from ncjax.methods.registry import register
 from ncjax.methods.two_tower import TwoTowerMethod, stored_clamps
 from ncjax.numerics import diagonal
+from ncjax.options import Options, loss_option
 from ncjax.samplers import gamma
 
-
-def rates(loss_cfg):
-  if loss_cfg.weights == "unit_prior":
-    return 1.0 + loss_cfg.a_pos, loss_cfg.a_neg
-  if loss_cfg.weights in ("paper", "row_mean"):
-    return loss_cfg.b_pos, loss_cfg.b_neg
-  raise ValueError(f"unknown loss.weights {loss_cfg.weights!r}; expected 'paper', 'unit_prior' or 'row_mean'")
+WEIGHTS = ("paper", "unit_prior", "row_mean")
 
 
-def sample_weights(key, logits, loss_cfg, log_u_override=None):
+@dataclasses.dataclass(frozen=True)
+class BayesOptions(Options):
+  """The paper's hyper-parameters: a_u = 1, b_u = 0, a_+ = 5, a_- = 10, b_+ = b_- = 0, 2 Gibbs sweeps from w = 1."""
+  a_u: float = loss_option(1.0)
+  b_u: float = loss_option(0.0)
+  a_pos: float = loss_option(5.0)
+  b_pos: float = loss_option(0.0)
+  a_neg: float = loss_option(10.0)
+  b_neg: float = loss_option(0.0)
+  n_sweeps: int = loss_option(2)
+  w_init: float = loss_option(1.0)
+  weights: str = loss_option("unit_prior")   # see the module docstring
+  u_momentum: float = loss_option(0.0)       # > 0: per-sample moving average of u (paper Sec. 2.2)
+  tau: float = loss_option(0.0)              # fixed temperature of s = exp(cos / tau); 0: the model's learned one
+
+  def __post_init__(self):
+    if self.weights not in WEIGHTS:
+      raise ValueError(f"unknown loss.weights {self.weights!r}; expected 'paper', 'unit_prior' or 'row_mean'")
+
+
+def rates(options: BayesOptions):
+  if options.weights == "unit_prior":
+    return 1.0 + options.a_pos, options.a_neg
+  return options.b_pos, options.b_neg
+
+
+def sample_weights(key, logits, options: BayesOptions, log_u_override=None):
   """(log u, log w_pos, log w_neg) for the rows of `logits` (anchors = rows, negatives = off-diagonal entries)."""
   n = logits.shape[0]
   neg_mask = ~jnp.eye(n, dtype=bool)
-  b_pos, b_neg = rates(loss_cfg)
+  b_pos, b_neg = rates(options)
   log_pos = diagonal(logits)
-  log_u, log_wp, log_wn = gamma.gibbs_log(key, log_pos, logits, a_u=loss_cfg.a_u, b_u=loss_cfg.b_u,
-                                          a_pos=loss_cfg.a_pos, b_pos=b_pos, a_neg=loss_cfg.a_neg, b_neg=b_neg,
-                                          n_sweeps=loss_cfg.n_sweeps, w_init=loss_cfg.w_init, neg_mask=neg_mask)
+  log_u, log_wp, log_wn = gamma.gibbs_log(key, log_pos, logits, a_u=options.a_u, b_u=options.b_u,
+                                          a_pos=options.a_pos, b_pos=b_pos, a_neg=options.a_neg, b_neg=b_neg,
+                                          n_sweeps=options.n_sweeps, w_init=options.w_init, neg_mask=neg_mask)
   if log_u_override is not None:  # weights given the moving-average u: one more conditional draw
     k_p, k_n = jax.random.split(jax.random.fold_in(key, 10_000))
     log_u = log_u_override
-    log_wp = gamma.sample_log_w_pos(k_p, log_u, log_pos, loss_cfg.a_pos, b_pos)
-    log_wn = gamma.sample_log_w_neg(k_n, log_u, logits, neg_mask, loss_cfg.a_neg, b_neg)
-  if loss_cfg.weights == "row_mean":
+    log_wp = gamma.sample_log_w_pos(k_p, log_u, log_pos, options.a_pos, b_pos)
+    log_wn = gamma.sample_log_w_neg(k_n, log_u, logits, neg_mask, options.a_neg, b_neg)
+  if options.weights == "row_mean":
     # Relative weights: negatives divided by their row mean, the positive by its conditional mean given u.
     log_wn = log_wn - (jax.nn.logsumexp(log_wn, axis=1, keepdims=True) - jnp.log(n - 1.0))
-    log_wp = log_wp - (jnp.log(1.0 + loss_cfg.a_pos) - jnp.logaddexp(jnp.log(b_pos), log_u + log_pos))
+    log_wp = log_wp - (jnp.log(1.0 + options.a_pos) - jnp.logaddexp(jnp.log(b_pos), log_u + log_pos))
   return log_u, log_wp, log_wn
 
 
 @register("bayes")
 class BayesianCL(TwoTowerMethod):
+
+  Options = BayesOptions
+  bench = (BenchEntry("bayes", "Bayesian CL: Gamma pair weights by Gibbs sampling (stochastic EM)", "bayes"),)
 
   def init_state(self, capacity):
     return dict(log_u_i2t=jnp.zeros((capacity,), jnp.float32), log_u_t2i=jnp.zeros((capacity,), jnp.float32),
@@ -68,11 +94,11 @@ class BayesianCL(TwoTowerMethod):
                 log_w_pos=jnp.zeros((capacity,), jnp.float32))
 
   def loss_fn(self, params, state, batch, rng):
-    lc = self.config.loss
+    lc = self.options
     model = self.bind(params).model
     img, txt = model.encode_image(batch["image"]), model.encode_text(batch["tokens"])
     # s = exp(cos / tau): the model's learned temperature (loss.tau = 0), or the paper's fixed tau.
-    scale = model.get_logit_scale() if not lc.get("tau", 0.0) else jnp.log(1.0 / jnp.asarray(lc.tau, jnp.float32))
+    scale = model.get_logit_scale() if not lc.tau else jnp.log(1.0 / jnp.asarray(lc.tau, jnp.float32))
     logits = contrastive.cosine_logits(img, txt, scale)
     sg = jax.lax.stop_gradient(logits)
     ids = batch["id"]
@@ -100,8 +126,8 @@ class BayesianCL(TwoTowerMethod):
     return loss, (metrics, new)
 
   def stages(self):
-    return (Stage("train", self.config.num_epochs, (Update("main", self.loss_fn, self.default_param_groups()),),
-                  post_update=stored_clamps(self.config)),)
+    return (Stage("train", self.setup.num_epochs, (Update("main", self.loss_fn, self.default_param_groups()),),
+                  post_update=stored_clamps(self.model_spec)),)
 
   def clean_scores(self, params, state):
     del params

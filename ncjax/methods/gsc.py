@@ -10,30 +10,63 @@ Evaluation averages the two networks' similarities under co-teaching.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
 from ncjax import models
 from ncjax.losses import gsc
-from ncjax.methods.base import EvalModel, Method, ParamGroup, Stage, Update
+from ncjax.methods.base import BenchEntry, Method, ParamGroup, Stage, Update
 from ncjax.methods.registry import register
-from ncjax.methods.sgraf import region_eval_model
 from ncjax.methods.two_tower import stored_clamps
+from ncjax.options import Options, loss_option, method_option
 
 _STATE_KEYS = ("pred", "topo", "pred_target", "topo_target", "y", "clean_prob")
+
+
+@dataclasses.dataclass(frozen=True)
+class GSCOptions(Options):
+  """Public-code defaults (methods.md §2.5)."""
+  co_teaching: bool = method_option(False)   # GSC+: two networks, each weighted by its peer's labels
+  beta: float = method_option(0.7)           # EMA of the label update
+  warmup_epochs: int = method_option(0)      # epochs with every label at 1 before the first update
+  tau1: float = loss_option(0.07)
+  tau2: float = loss_option(1.0)
+  gamma: float = loss_option(0.01)
+  temperature: str = loss_option("fixed")    # 'fixed': S / tau1; 'model': the two-tower's learned scale
+  indicator: str = loss_option("softmax")    # y_CM: 'softmax' (public code) | 'max_ratio'
+
+  def __post_init__(self):
+    if self.temperature not in ("fixed", "model"):
+      raise ValueError(f"unknown loss.temperature {self.temperature!r}; expected 'fixed' or 'model'")
+    if self.indicator not in gsc.INDICATORS:
+      raise ValueError(f"GSC indicator {self.indicator!r}; expected one of {gsc.INDICATORS}")
 
 
 @register("gsc")
 class GSC(Method):
 
+  Options = GSCOptions
+  model_kinds = ("two_tower", "region")
+  bench = (
+      BenchEntry("gsc", "GSC: soft correspondence labels from cross-/intra-modal structure, GMM per epoch", "gsc"),
+      BenchEntry("gsc_plus", "GSC+: GSC with two co-teaching networks", "gsc", "coteach=true"),
+      BenchEntry("gsc_sgraf", "GSC on SGRAF's region backbone", "gsc", "backbone=sgraf", model_kind="region"),
+  )
+
   @property
   def nets(self) -> tuple[str, ...]:
-    return ("net_a", "net_b") if self.config.method.co_teaching else ("model",)
+    return ("net_a", "net_b") if self.options.co_teaching else ("model",)
+
+  @property
+  def eval_modules(self) -> tuple[str, ...]:
+    return self.nets   # GSC+: both networks' scores averaged, as the public code evaluates
 
   def create_modules(self):
     tok = self.tokenizer
-    return {name: models.build_model(self.config.model, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
-                                     pad_id=tok.pad_id, seed=self.config.seed + k)
+    return {name: models.build_model(self.model_spec, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
+                                     pad_id=tok.pad_id, seed=self.setup.seed + k)
             for k, name in enumerate(self.nets)}
 
   def init_state(self, capacity):
@@ -45,17 +78,16 @@ class GSC(Method):
     return state
 
   def _net_loss(self, model, batch, y):
-    lc = self.config.loss
+    o = self.options
     img = model.encode_image(batch["image"])
     txt = model.encode_text(batch["tokens"])
     sim = model.similarity(img, txt)
-    if lc.temperature == "model":  # CLIP towers: use the learned logit scale instead of a fixed tau1
-      sim = sim * jnp.exp(model.get_logit_scale()) * lc.tau1
+    if o.temperature == "model":  # CLIP towers: use the learned logit scale instead of a fixed tau1
+      sim = sim * jnp.exp(model.get_logit_scale()) * o.tau1
     # Two-tower models: cosine structures; SGRAF (configs/gsc.py:backbone=sgraf): sigmoid(SGR) of image-image and
     # caption-caption pairs through the shared similarity head, as the public code.
-    return gsc.batch_loss(sim, model.image_structure(img), model.text_structure(txt), y, lc.tau1, lc.tau2, lc.gamma,
-                          lc.get("indicator", "softmax"))
-
+    return gsc.batch_loss(sim, model.image_structure(img), model.text_structure(txt), y, o.tau1, o.tau2, o.gamma,
+                          o.indicator)
   def net_loss_fn(self, name: str):
     """The loss of network `name`, weighted by its peer's labels under co-teaching (its own otherwise)."""
     k = self.nets.index(name)
@@ -90,8 +122,8 @@ class GSC(Method):
     del params
     capacity = state["last_seen"].shape[0]
     valid = (jnp.arange(capacity) < self.num_examples) & (state["last_seen"] == state["epoch"])
-    updated = {name: gsc.update_labels(state[name], valid, self.config.method.beta) for name in self.nets}
-    active = epoch >= self.config.method.warmup_epochs
+    updated = {name: gsc.update_labels(state[name], valid, self.options.beta) for name in self.nets}
+    active = epoch >= self.options.warmup_epochs
     nets = {name: jax.tree.map(lambda new, old: jnp.where(active, new, old), updated[name], state[name])
             for name in self.nets}
     return dict(state, **nets, epoch=state["epoch"] + 1)
@@ -102,45 +134,14 @@ class GSC(Method):
     if len(self.nets) == 1:
       updates = (Update("main", self.net_loss_fn("model"), self.default_param_groups()),)
     else:
-      optim = self.config.optim
+      setup = self.setup
       updates = tuple(Update(name, self.net_loss_fn(name), tuple(
-          ([ParamGroup(optim.freeze, None, name="frozen")] if optim.freeze else [])
-          + [ParamGroup(rf"{name}/.*", optim.lr, optim.weight_decay, name=name), ParamGroup(".*", None)]))
+          self.frozen_groups() + [ParamGroup(rf"{name}/.*", setup.lr, setup.weight_decay, name=name),
+                                  ParamGroup(".*", None)]))
           for name in self.nets)
-    clamps = None if models.is_region_model(self.config.model) else stored_clamps(self.config, self.nets)
-    return (Stage("train", self.config.num_epochs, updates, post_update=clamps),)
+    return (Stage("train", self.setup.num_epochs, updates, post_update=stored_clamps(self.model_spec, self.nets)),)
 
   def clean_scores(self, params, state):
     del params
     y = sum(state[name]["y"] for name in self.nets) / len(self.nets)
     return y, None
-
-  def eval_model(self, params):
-    mods = self.bind(params)
-    nets = [getattr(mods, name) for name in self.nets]
-    if models.is_region_model(self.config.model):
-      if len(nets) == 1:
-        return region_eval_model(nets[0])
-      k = len(nets)
-      halves = lambda x: jnp.split(x, k, axis=-1)  # noqa: E731
-      return EvalModel(   # GSC+ on SGRAF: the two networks' sigmoid similarities averaged, as the public code
-          encode_image=lambda x: jnp.concatenate([n.encode_image(x) for n in nets], axis=-1),
-          encode_text=lambda t: jnp.concatenate([n.encode_text(t) for n in nets], axis=-1),
-          score=lambda a, b: sum(n.similarity(pa, pb) for n, pa, pb in zip(nets, halves(a), halves(b))) / k,
-          pair_score=lambda a, b: sum(n.pair_score(pa, pb) for n, pa, pb in zip(nets, halves(a), halves(b))) / k)
-    if len(nets) == 1:
-      return super().eval_model(params)
-    k = len(nets)
-
-    def split(x):
-      return jnp.split(x, k, axis=-1)
-
-    def ensemble(emb):  # per network: normalise, mean over templates, renormalise
-      return jnp.concatenate([nets[i].geometry.ensemble(part) for i, part in enumerate(split(emb))], axis=-1)
-
-    return EvalModel(
-        encode_image=lambda x: jnp.concatenate([n.encode_image(x) for n in nets], axis=-1),
-        encode_text=lambda t: jnp.concatenate([n.encode_text(t) for n in nets], axis=-1),
-        score=lambda a, b: sum(n.score(pa, pb) for n, pa, pb in zip(nets, split(a), split(b))) / k,
-        image_features=lambda x: jnp.concatenate([n.encode_image(x, return_features=True)[1] for n in nets], -1),
-        ensemble=ensemble)

@@ -10,45 +10,47 @@ epochs of the hinge summed over every negative (VSE++'s remedy for max violation
 
 from __future__ import annotations
 
+import dataclasses
+
 from ncjax import models
 from ncjax.losses import disncl as disncl_loss
-from ncjax.methods.base import EvalModel, Method, Stage, Update
+from ncjax.methods.base import BenchEntry, Method, Stage, Update
 from ncjax.methods.registry import register
+from ncjax.options import Options, loss_option
 
 
-def region_eval_model(model) -> EvalModel:
-  """Evaluators' view of a region retrieval model: region / packed word features, the learned score H."""
-  return EvalModel(encode_image=model.encode_image, encode_text=model.encode_text, score=model.similarity,
-                   pair_score=model.pair_score)
+@dataclasses.dataclass(frozen=True)
+class HingeOptions(Options):
+  """VSE++ / SGRAF's hinge: margin 0.2, summed over the batch; `all_negatives_epochs` of the hinge over every
+  negative before max violation (a preparatory stage, before the num_epochs of the main one)."""
+  margin: float = loss_option(0.2)
+  reduction: str = loss_option("sum")
+  all_negatives_epochs: int = loss_option(0)
 
 
 class RegionMethod(Method):
-  """A method over one region retrieval model named 'model' (config.model.image_type = 'regions')."""
+  """A method over one region retrieval model named 'model' (model.image_type = 'regions')."""
 
-  def check_region_model(self):
-    if not models.is_region_model(self.config.model):
-      raise ValueError(f"method {self.name!r} runs on region features: set model.image_type='regions' and "
-                       f"model.text_type='bigru' (configs/{self.name}.py does), not {self.config.model.image_type!r}")
+  model_kinds = ("region",)
 
   def create_modules(self):
-    self.check_region_model()
     tok = self.tokenizer
-    return {"model": models.build_model(self.config.model, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
-                                        pad_id=tok.pad_id, seed=self.config.seed)}
-
-  def eval_model(self, params):
-    return region_eval_model(self.bind(params).model)
+    return {"model": models.build_model(self.model_spec, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
+                                        pad_id=tok.pad_id, seed=self.setup.seed)}
 
 
 @register("sgraf")
 class SGRAF(RegionMethod):
 
+  Options = HingeOptions
+  bench = (BenchEntry("sgraf", "SGRAF hinge on region features", "sgraf", model_kind="region"),)
+
   def hinge_loss_fn(self, negatives: str):
     def loss_fn(params, state, batch, rng):
       model = self.bind(params).model
       h = model.similarity(model.encode_image(batch["image"]), model.encode_text(batch["tokens"], rng))
-      lc = self.config.loss
-      loss, metrics = disncl_loss.align_loss(h, lc.margin, reduction=lc.reduction, negatives=negatives)
+      o = self.options
+      loss, metrics = disncl_loss.align_loss(h, o.margin, reduction=o.reduction, negatives=negatives)
       return loss, (metrics, state)
     return loss_fn
 
@@ -56,8 +58,8 @@ class SGRAF(RegionMethod):
     """loss.all_negatives_epochs of the hinge summed over every negative (VSE++'s start), then max violation."""
     groups = self.default_param_groups()
     stages = []
-    if self.config.loss.all_negatives_epochs:
-      stages.append(Stage("all_negatives", self.config.loss.all_negatives_epochs,
+    if self.options.all_negatives_epochs:
+      stages.append(Stage("all_negatives", self.options.all_negatives_epochs,
                           (Update("main", self.hinge_loss_fn("all"), groups),)))
-    stages.append(Stage("train", self.config.num_epochs, (Update("main", self.hinge_loss_fn("hardest"), groups),)))
+    stages.append(Stage("train", self.setup.num_epochs, (Update("main", self.hinge_loss_fn("hardest"), groups),)))
     return tuple(stages)

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 from ncjax import models
 from ncjax.contract import PostUpdate
 from ncjax.methods.base import Method, Stage, Update
-from ncjax.models.two_tower import clamp_stored
 
 
 def clamp_logit_scale(low: float, high: float, module: str = "model") -> PostUpdate:
@@ -22,39 +21,36 @@ def clamp_logit_scale(low: float, high: float, module: str = "model") -> PostUpd
   return clamp
 
 
-def stored_clamps(config, modules=("model",)) -> PostUpdate:
-  """The post-update keeping each two-tower module's stored scalars in range (logit scale <= ln 100; MERU's
-  curvature and alphas), as open_clip and MERU clamp the parameters themselves after every step."""
-  geometry, curv_init = config.model.get("geometry", "sphere"), float(config.model.get("curv_init", 1.0))
+def stored_clamps(spec: models.ModelSpec, modules=("model",)) -> PostUpdate:
+  """The post-update keeping each module's stored scalars in range, as the model kind defines them
+  (`ModelSpec.clamp_stored`: a two-tower's logit scale <= ln 100, MERU's curvature and alphas; nothing for a region
+  model), as open_clip and MERU clamp the parameters themselves after every step."""
 
   def clamp(params):
     out = dict(params)
     for name in modules:
-      out[name] = clamp_stored(params[name], geometry=geometry, curv_init=curv_init)
+      out[name] = spec.clamp_stored(params[name])
     return out
   return clamp
 
 
 class TwoTowerMethod(Method):
-  """A method whose main module is one TwoTower named 'model' (built from config.model and the tokenizer)."""
+  """A method whose main module is one TwoTower named 'model' (built from the model spec and the tokenizer)."""
 
   def create_modules(self):
     tok = self.tokenizer
-    model = models.build_two_tower(self.config.model, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
-                                   pad_id=tok.pad_id, seed=self.config.seed)
+    model = models.build_two_tower(self.model_spec, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
+                                   pad_id=tok.pad_id, seed=self.setup.seed)
     return {"model": model}
 
 
 class SingleModelMethod(TwoTowerMethod):
-  """One TwoTower under the name 'model', one stage of `config.num_epochs`, one update of `model_loss`."""
-
-  # True: model_loss also takes the per-sample method state (model_loss(model, batch, rng, state)), e.g. a forget
-  # set selected by prior per-sample scores.
-  loss_reads_state: bool = False
+  """One TwoTower under the name 'model', one stage of `num_epochs`, one update of `model_loss`."""
 
   @abc.abstractmethod
-  def model_loss(self, model, batch, rng):
-    """(loss, metrics) of the bound model on a batch."""
+  def model_loss(self, model, batch, rng, state):
+    """(loss, metrics) of the bound model on a batch; `state` is the per-sample method state (read-only here:
+    `update_state` writes it), e.g. a forget set selected by prior per-sample scores."""
 
   def update_state(self, state, batch, metrics):
     """Per-sample state after a step (default: unchanged). `metrics` may carry per-sample arrays."""
@@ -63,16 +59,12 @@ class SingleModelMethod(TwoTowerMethod):
 
   def post_update(self) -> PostUpdate | None:
     """What runs on the parameters after every update of the stage (default: the stored-value clamps)."""
-    return stored_clamps(self.config)
+    return stored_clamps(self.model_spec)
 
   def loss_fn(self, params, state, batch, rng):
-    model = self.bind(params).model
-    if self.loss_reads_state:
-      loss, metrics = self.model_loss(model, batch, rng, state)
-    else:
-      loss, metrics = self.model_loss(model, batch, rng)
+    loss, metrics = self.model_loss(self.bind(params).model, batch, rng, state)
     return loss, (metrics, self.update_state(state, batch, metrics))
 
   def stages(self):
-    return (Stage("train", self.config.num_epochs,
+    return (Stage("train", self.setup.num_epochs,
                   (Update("main", self.loss_fn, self.default_param_groups()),), post_update=self.post_update()),)

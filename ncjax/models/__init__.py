@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax.numpy as jnp
 from flax import nnx
 
 from ncjax.models.geometry import GEOMETRIES, l2_normalize
 from ncjax.models.sizes import SIZES, get_size
-from ncjax.models.two_tower import (IMAGE_TOWERS, TEXT_TOWERS, TwoTower, register_image_tower,
+from ncjax.models.two_tower import (IMAGE_TOWERS, TEXT_TOWERS, TwoTower, clamp_stored, register_image_tower,
                                     register_text_tower)
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -29,25 +32,17 @@ _OVERRIDES = {
 CLIP_VOCAB_SIZE = 49408
 
 
-def resolve_model_spec(cfg, *, vocab_size: int | None = None) -> dict:
-  """The tower hyper-parameters a config asks for: a named size, then explicit per-field overrides.
-
-  `vocab_size` (the tokenizer's) must agree with a vocabulary the size or the config fixes."""
+def _towers_of(cfg) -> dict:
+  """A named size, then the config's explicit per-field overrides; the vocabulary stays None unless the size or
+  the config fixes it."""
   spec = get_size(cfg.size)
   for key, (tower, field) in _OVERRIDES.items():
     if _get(cfg, key) is not None:
       spec[tower][field] = _get(cfg, key)
   if _get(cfg, "embed_dim") is not None:
     spec["embed_dim"] = _get(cfg, "embed_dim")
-  if vocab_size is not None:
-    fixed = spec["text"].get("vocab_size")
-    if fixed is not None and fixed != vocab_size and vocab_size != 1:
-      raise ValueError(f"model {cfg.size!r} has a vocabulary of {fixed} tokens but the tokenizer has {vocab_size}; "
-                       f"use model.tokenizer='clip_bpe' (or 'auto') for CLIP-sized models")
-    spec["text"]["vocab_size"] = vocab_size if fixed is None or vocab_size != 1 else fixed
-  if spec["text"].get("vocab_size") is None:
-    raise ValueError(f"model size {cfg.size!r} takes its vocabulary size from the tokenizer; none was given")
-  missing = [f"{tower}.{k}" for tower in ("image", "text") for k, v in spec[tower].items() if v is None]
+  missing = [f"{tower}.{k}" for tower in ("image", "text") for k, v in spec[tower].items()
+             if v is None and k != "vocab_size"]
   if spec["embed_dim"] is None:
     missing.append("embed_dim")
   if missing:
@@ -56,8 +51,27 @@ def resolve_model_spec(cfg, *, vocab_size: int | None = None) -> dict:
   return spec
 
 
-def tokenizer_kind_of(cfg) -> str:
-  """'clip_bpe' or 'word': model.tokenizer, with 'auto' meaning CLIP's BPE when the size fixes CLIP's vocabulary."""
+def _with_vocab(towers: dict, size: str, vocab_size: int | None) -> dict:
+  spec = {k: (dict(v) if isinstance(v, dict) else v) for k, v in towers.items()}
+  fixed = spec["text"].get("vocab_size")
+  if vocab_size is not None:
+    if fixed is not None and fixed != vocab_size:
+      raise ValueError(f"model {size!r} has a vocabulary of {fixed} tokens but the tokenizer has {vocab_size}; "
+                       f"use model.tokenizer='clip_bpe' (or 'auto') for CLIP-sized models")
+    spec["text"]["vocab_size"] = vocab_size
+  if spec["text"].get("vocab_size") is None:
+    raise ValueError(f"model size {size!r} takes its vocabulary size from the tokenizer; none was given")
+  return spec
+
+
+def resolve_model_spec(cfg, *, vocab_size: int | None = None) -> dict:
+  """The tower hyper-parameters a config asks for: a named size, then explicit per-field overrides.
+
+  `vocab_size` (the tokenizer's) must agree with a vocabulary the size or the config fixes."""
+  return _with_vocab(_towers_of(cfg), cfg.size, vocab_size)
+
+
+def _tokenizer_kind(cfg) -> str:
   kind = _get(cfg, "tokenizer", "auto")
   if kind != "auto":
     return kind
@@ -65,75 +79,117 @@ def tokenizer_kind_of(cfg) -> str:
   return "clip_bpe" if fixed == CLIP_VOCAB_SIZE else "word"
 
 
-def image_size_of(model_config) -> int:
-  """The input resolution the model's image tower expects (what the data pipeline resizes to)."""
-  return resolve_model_spec(model_config, vocab_size=1)["image"]["image_size"]
+REGION_IMAGE_TYPE = "regions"
+MODEL_KINDS = ("two_tower", "region")
 
 
-def context_length_of(model_config) -> int:
-  """The text tower's context length (what the tokenizer pads / truncates to)."""
-  return resolve_model_spec(model_config, vocab_size=1)["text"]["context_length"]
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """`config.model` resolved once (by `ncjax.experiment`): what kind of model, its named size laid under the
+  explicit overrides (`towers`, without the vocabulary, which comes from the tokenizer), and every option the model
+  builders read. Layers below the experiment take this object, never the raw config.
+
+  kind: 'two_tower' (image and text towers over a geometry) or 'region' (SGRAF's region-feature retrieval model,
+  `image_type='regions'`). tokenizer_kind: 'clip_bpe' or 'word' (`model.tokenizer='auto'`: CLIP's BPE when the
+  size fixes CLIP's vocabulary). image_size / context_length: what the data pipeline resizes to and the tokenizer
+  pads to."""
+  kind: str
+  size: str
+  towers: dict
+  image_size: int
+  context_length: int
+  tokenizer_kind: str
+  image_type: str = "vit"
+  text_type: str = "transformer"
+  pool: str = "tok"
+  ln_pre: bool = True
+  patch_bias: bool = False
+  ln_eps: float = 1e-5
+  act: str = "quick_gelu"
+  text_pool: str = "eot"
+  dtype: str = "float32"
+  remat: bool = False
+  geometry: str = "sphere"
+  curv_init: float = 1.0
+  logit_scale_init: float = math.log(1 / 0.07)
+  logit_bias_init: float | None = None
+  pretrained: str = ""
+  region: dict | None = None    # region models: feature_dim, embed_dim, word_dim, sim_dim, head, steps, ...
+
+  @classmethod
+  def from_config(cls, cfg) -> "ModelSpec":
+    towers = _towers_of(cfg)
+    kind = "region" if _get(cfg, "image_type") == REGION_IMAGE_TYPE else "two_tower"
+    fields = {f.name for f in dataclasses.fields(cls)} - {"kind", "towers", "image_size", "context_length",
+                                                         "tokenizer_kind", "region"}
+    options = {k: _get(cfg, k) for k in fields if _get(cfg, k) is not None}
+    region = None
+    if kind == "region":
+      if _get(cfg, "text_type") != "bigru":
+        raise ValueError(f"model.image_type='regions' pairs with model.text_type='bigru', not {cfg.text_type!r}")
+      r = cfg.region
+      region = dict(feature_dim=int(r.feature_dim), embed_dim=int(towers["embed_dim"]), word_dim=int(r.word_dim),
+                    sim_dim=int(r.sim_dim), head=r.head, steps=int(r.steps), smooth=float(r.smooth),
+                    word_dropout=float(r.word_dropout), pairs_per_step=int(r.pairs_per_step))
+    return cls(kind=kind, towers=towers, image_size=towers["image"]["image_size"],
+               context_length=towers["text"]["context_length"], tokenizer_kind=_tokenizer_kind(cfg),
+               region=region, **options)
+
+  @property
+  def is_region(self) -> bool:
+    return self.kind == "region"
+
+  def clamp_stored(self, params: dict) -> dict:
+    """One model's parameters with its stored scalars clamped into range after an optimiser update (a two-tower
+    model's logit scale, MERU's curvature and alphas); a region model stores none."""
+    if self.is_region:
+      return params
+    return clamp_stored(params, geometry=self.geometry, curv_init=self.curv_init)
 
 
-def build_two_tower(cfg, *, vocab_size: int | None, eot_id: int, pad_id: int = 0, seed: int = 0) -> TwoTower:
-  """Instantiate a TwoTower from `config.model` (call under `nnx.eval_shape` for abstract shapes)."""
-  if cfg.dtype not in DTYPES:
-    raise ValueError(f"unknown model.dtype {cfg.dtype!r}; expected one of {sorted(DTYPES)}")
-  if cfg.geometry not in GEOMETRIES:
-    raise ValueError(f"unknown model.geometry {cfg.geometry!r}; expected one of {sorted(GEOMETRIES)}")
-  for kind, name, registry in (("image", cfg.image_type, IMAGE_TOWERS), ("text", cfg.text_type, TEXT_TOWERS)):
+def build_two_tower(spec: ModelSpec, *, vocab_size: int | None, eot_id: int, pad_id: int = 0,
+                    seed: int = 0) -> TwoTower:
+  """Instantiate a TwoTower from a ModelSpec (call under `nnx.eval_shape` for abstract shapes)."""
+  if spec.dtype not in DTYPES:
+    raise ValueError(f"unknown model.dtype {spec.dtype!r}; expected one of {sorted(DTYPES)}")
+  if spec.geometry not in GEOMETRIES:
+    raise ValueError(f"unknown model.geometry {spec.geometry!r}; expected one of {sorted(GEOMETRIES)}")
+  for kind, name, registry in (("image", spec.image_type, IMAGE_TOWERS), ("text", spec.text_type, TEXT_TOWERS)):
     if name not in registry:
       raise ValueError(f"unknown model.{kind}_type {name!r}; registered: {sorted(registry)}")
-  dtype = DTYPES[cfg.dtype]
-  spec = resolve_model_spec(cfg, vocab_size=vocab_size)
+  dtype = DTYPES[spec.dtype]
+  towers = with_vocabulary(spec, vocab_size)
   rngs = nnx.Rngs(seed)
-  embed_dim = spec["embed_dim"]
-  ln_eps = _get(cfg, "ln_eps", 1e-5)
-  image = IMAGE_TOWERS[cfg.image_type](
-      **spec["image"], embed_dim=embed_dim, pool=cfg.pool, ln_pre=cfg.ln_pre, act=cfg.act, dtype=dtype,
-      remat=cfg.remat, patch_bias=_get(cfg, "patch_bias", False), ln_eps=ln_eps, rngs=rngs)
-  text = TEXT_TOWERS[cfg.text_type](
-      **spec["text"], embed_dim=embed_dim, eot_id=eot_id, pad_id=pad_id, pool=cfg.text_pool, act=cfg.act,
-      dtype=dtype, remat=cfg.remat, ln_eps=ln_eps, rngs=rngs)
+  embed_dim = towers["embed_dim"]
+  image = IMAGE_TOWERS[spec.image_type](
+      **towers["image"], embed_dim=embed_dim, pool=spec.pool, ln_pre=spec.ln_pre, act=spec.act, dtype=dtype,
+      remat=spec.remat, patch_bias=spec.patch_bias, ln_eps=spec.ln_eps, rngs=rngs)
+  text = TEXT_TOWERS[spec.text_type](
+      **towers["text"], embed_dim=embed_dim, eot_id=eot_id, pad_id=pad_id, pool=spec.text_pool, act=spec.act,
+      dtype=dtype, remat=spec.remat, ln_eps=spec.ln_eps, rngs=rngs)
   geo_kwargs = dict(embed_dim=embed_dim)
-  if cfg.geometry == "lorentz":
-    geo_kwargs["curv_init"] = cfg.curv_init
-  geometry = GEOMETRIES[cfg.geometry](**geo_kwargs, rngs=rngs)
-  return TwoTower(image, text, geometry, logit_scale_init=cfg.logit_scale_init,
-                  logit_bias_init=cfg.get("logit_bias_init", None))
+  if spec.geometry == "lorentz":
+    geo_kwargs["curv_init"] = spec.curv_init
+  geometry = GEOMETRIES[spec.geometry](**geo_kwargs, rngs=rngs)
+  return TwoTower(image, text, geometry, logit_scale_init=spec.logit_scale_init,
+                  logit_bias_init=spec.logit_bias_init)
 
 
-REGION_IMAGE_TYPE = "regions"
+def with_vocabulary(spec: ModelSpec, vocab_size: int | None) -> dict:
+  """The spec's towers with the tokenizer's vocabulary, which must agree with one the size fixes."""
+  return _with_vocab(spec.towers, spec.size, vocab_size)
 
 
-def is_region_model(cfg) -> bool:
-  """Whether `config.model` describes a region-feature retrieval model (SGRAF) rather than a two-tower model."""
-  return _get(cfg, "image_type") == REGION_IMAGE_TYPE
-
-
-def region_spec(model_config) -> dict:
-  """The region model's hyper-parameters from `config.model` (its `region` block and the named size)."""
-  spec = resolve_model_spec(model_config, vocab_size=1)
-  region = model_config.region
-  return dict(feature_dim=int(region.feature_dim), embed_dim=int(spec["embed_dim"]),
-              word_dim=int(region.word_dim), sim_dim=int(region.sim_dim), head=region.head,
-              steps=int(region.steps), smooth=float(region.smooth),
-              word_dropout=float(region.word_dropout), pairs_per_step=int(region.pairs_per_step))
-
-
-def build_model(cfg, *, vocab_size: int, eot_id: int, pad_id: int = 0, seed: int = 0) -> nnx.Module:
-  """The model `config.model` asks for: a TwoTower, or (image_type 'regions', text_type 'bigru') SGRAF's region
-  retrieval model (ncjax.models.sgraf). Both expose encode_image / encode_text / similarity / score /
-  image_structure / text_structure (and the region model pair_score: the score of aligned pairs)."""
-  if is_region_model(cfg):
-    if _get(cfg, "text_type") != "bigru":
-      raise ValueError(f"model.image_type='regions' pairs with model.text_type='bigru', not {cfg.text_type!r}")
+def build_model(spec: ModelSpec, *, vocab_size: int, eot_id: int, pad_id: int = 0, seed: int = 0) -> nnx.Module:
+  """The model a ModelSpec describes: a TwoTower, or SGRAF's region retrieval model (ncjax.models.sgraf). Both
+  expose encode_image / encode_text / similarity / score / image_structure / text_structure and `eval_model()`
+  (the region model also pair_score: the score of aligned pairs)."""
+  if spec.is_region:
     from ncjax.models.sgraf import build_region_model
-    return build_region_model(region_spec(cfg), vocab_size=vocab_size, pad_id=pad_id, seed=seed)
-  return build_two_tower(cfg, vocab_size=vocab_size, eot_id=eot_id, pad_id=pad_id, seed=seed)
+    return build_region_model(spec.region, vocab_size=vocab_size, pad_id=pad_id, seed=seed)
+  return build_two_tower(spec, vocab_size=vocab_size, eot_id=eot_id, pad_id=pad_id, seed=seed)
 
 
-__all__ = ["TwoTower", "build_two_tower", "build_model", "is_region_model", "region_spec", "resolve_model_spec",
-           "image_size_of", "context_length_of",
-           "tokenizer_kind_of", "CLIP_VOCAB_SIZE", "register_image_tower", "register_text_tower",
+__all__ = ["TwoTower", "ModelSpec", "build_two_tower", "build_model", "resolve_model_spec", "with_vocabulary",
+           "MODEL_KINDS", "CLIP_VOCAB_SIZE", "register_image_tower", "register_text_tower",
            "SIZES", "DTYPES", "l2_normalize"]

@@ -3,6 +3,7 @@
 A geometry owns any learnable geometry scalars (curvature, scaling alphas) and exposes
   embed(features, modality) -> embeddings          (float32)
   logits_similarity(a, b) -> (N, M) float32        (what training logits are built from: higher = closer)
+  contrastive_logits(a, b, log_scale) -> (N, M)    (exp(log_scale) * logits_similarity: CLIP's / SigLIP's logits)
   score(a, b) -> (N, M) float32                    (what evaluation ranks by)
   paired_similarity(a, b) -> (N,) float32
 so losses and evaluators never assume the unit sphere.
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ncjax.models import lorentz
+from ncjax.numerics import scaled_dot
 from ncjax.registry import Registry
 
 
@@ -29,6 +31,9 @@ class Sphere(nnx.Module):
   """CLIP's geometry: L2-normalised embeddings scored by cosine similarity."""
 
   name = "sphere"
+  # Logits are scaled dot products: the memory-lean chunked losses (ncjax.losses.chunked) apply.
+  dot_product_logits = True
+  norm = None   # no distance from the origin on the sphere
 
   def __init__(self, *, embed_dim: int, rngs: nnx.Rngs | None = None):
     del embed_dim, rngs
@@ -41,6 +46,10 @@ class Sphere(nnx.Module):
     return jnp.asarray(a, jnp.float32) @ jnp.asarray(b, jnp.float32).T
 
   score = logits_similarity
+
+  def contrastive_logits(self, a, b, log_scale):
+    """exp(log_scale) * a @ b.T, the scale folded into `b` before the matmul (ncjax.numerics.scaled_dot)."""
+    return scaled_dot(a, b, log_scale)
 
   def paired_similarity(self, a, b):
     return jnp.sum(jnp.asarray(a, jnp.float32) * jnp.asarray(b, jnp.float32), axis=-1)
@@ -59,6 +68,7 @@ class Lorentz(nnx.Module):
   """
 
   name = "lorentz"
+  dot_product_logits = False
 
   def __init__(self, *, embed_dim: int, curv_init: float = 1.0, learn_curv: bool = True,
                rngs: nnx.Rngs | None = None):
@@ -79,6 +89,10 @@ class Lorentz(nnx.Module):
 
   def logits_similarity(self, a, b):
     return -lorentz.pairwise_dist(a, b, self.curvature())
+
+  def contrastive_logits(self, a, b, log_scale):
+    """exp(log_scale) * (-d_L(a, b)): MERU's contrastive logits."""
+    return jnp.exp(jnp.asarray(log_scale, jnp.float32)) * self.logits_similarity(a, b)
 
   def score(self, a, b):
     return lorentz.pairwise_inner(a, b, self.curvature())

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ncjax.contract import EvalModel
 from ncjax.numerics import f32
 
 
@@ -271,6 +272,12 @@ class RegionScoring:
     words, mask = unpack_text(txt)
     return self.head.pair_scores(img, words, mask)
 
+  def eval_model(self) -> EvalModel:
+    """Evaluators' view: region / packed word features, ranked by the learned score H (aligned pairs scored
+    without the B x B block)."""
+    return EvalModel(encode_image=self.encode_image, encode_text=self.encode_text, score=self.similarity,
+                     pair_score=self.pair_score)
+
 
 class RegionRetrievalModel(RegionScoring, nnx.Module):
   """SGRAF: region encoder, bi-GRU text encoder and a learned similarity head.
@@ -301,5 +308,5 @@ class RegionRetrievalModel(RegionScoring, nnx.Module):
 
 
 def build_region_model(spec: dict, *, vocab_size: int, pad_id: int = 0, seed: int = 0) -> RegionRetrievalModel:
-  """The model from `ncjax.models.region_spec(config.model)`."""
+  """The model a region ModelSpec describes (`ModelSpec.region`)."""
   return RegionRetrievalModel(**spec, vocab_size=vocab_size, pad_id=pad_id, rngs=nnx.Rngs(seed))

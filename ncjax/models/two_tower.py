@@ -16,6 +16,7 @@ from typing import Callable
 import jax.numpy as jnp
 from flax import nnx
 
+from ncjax.contract import EvalModel
 from ncjax.models.text import TextTransformer
 from ncjax.models.vit import VisionTransformer
 from ncjax.numerics import MAX_LOGIT_SCALE
@@ -76,6 +77,18 @@ class TwoTower(nnx.Module):
 
   def paired_similarity(self, image_emb, text_emb):
     return self.geometry.paired_similarity(image_emb, text_emb)
+
+  def contrastive_logits(self, image_emb, text_emb):
+    """The N x M training logits of CLIP / SigLIP in this model's geometry: exp(logit_scale) times the geometry's
+    similarity (cosine on the sphere, negative Lorentz distance for MERU), float32, without the bias."""
+    return self.geometry.contrastive_logits(image_emb, text_emb, self.get_logit_scale())
+
+  def eval_model(self) -> EvalModel:
+    """What evaluators need: the encoders, the geometry's score, pre-projection image features (linear probe),
+    its prompt ensemble and (MERU) the Lorentz norm."""
+    return EvalModel(encode_image=self.encode_image, encode_text=self.encode_text, score=self.score,
+                     image_features=lambda x: self.encode_image(x, return_features=True)[1],
+                     ensemble=self.geometry.ensemble, norm=self.geometry.norm)
 
   def image_structure(self, image_emb):
     """Image-image structure (GSC's A): cosine similarities of the batch's image embeddings."""

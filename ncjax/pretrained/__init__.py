@@ -442,7 +442,8 @@ def expected_shapes(fields: dict) -> dict[str, tuple]:
   holder = {}
 
   def make():
-    holder["m"] = models.build_two_tower(cfg, vocab_size=fields["vocab_size"], eot_id=CLIP_EOT_ID)
+    holder["m"] = models.build_two_tower(models.ModelSpec.from_config(cfg), vocab_size=fields["vocab_size"],
+                                         eot_id=CLIP_EOT_ID)
     return holder["m"]
 
   abstract = nnx.eval_shape(make)
@@ -589,7 +590,7 @@ def load_model(spec: str):
   model_config, params = load(spec)
   cfg = ml_collections.ConfigDict(dict(_config_defaults(), **{k: v for k, v in model_config.items()
                                                              if k != "preprocess"}))
-  module = models.build_two_tower(cfg, vocab_size=cfg.vocab_size, eot_id=CLIP_EOT_ID)
+  module = models.build_two_tower(models.ModelSpec.from_config(cfg), vocab_size=cfg.vocab_size, eot_id=CLIP_EOT_ID)
   bound = PretrainedModel(module, jax.tree.map(np.asarray, params), cfg)
   pre = model_config.preprocess
 

@@ -95,10 +95,10 @@ def test_label_update_uses_only_examples_seen_this_epoch():
 @pytest.mark.parametrize("warmup,active", [(0, [True, True]), (1, [False, True]), (2, [False, False])])
 def test_warmup_epochs_count_the_epochs_before_the_first_label_update(warmup, active):
   from helpers import make_config
-  from ncjax.methods import METHODS
+  from ncjax.experiment import method_from_config
   from ncjax.tokenizers import WordTokenizer
   cfg = make_config("gsc", f"warmup={warmup},batch=64")
-  method = METHODS.get("gsc")(cfg, tokenizer=WordTokenizer.build(["a b"], context_length=16), num_examples=64)
+  method = method_from_config(cfg, tokenizer=WordTokenizer.build(["a b"], context_length=16), num_examples=64)
   state = method.init_state(64)
   state = dict(state, model=dict(state["model"], topo=jnp.linspace(0, 1, 64), pred=jnp.linspace(0.2, 0.9, 64)),
                last_seen=jnp.zeros((64,), jnp.int32))

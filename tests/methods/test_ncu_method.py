@@ -23,7 +23,7 @@ TWO_TEXT_BLOCKS = {"model.text_depth": 2}
 
 
 def ncu_config(init, **kw):
-  return make_config("ncu", f"init={init},batch=64,epochs=2,epochs_prompt=1",
+  return make_config("ncu", f"init={init},batch=64,epochs=1,epochs_prompt=1",
                      **{**TWO_TEXT_BLOCKS, "method.frozen_text_blocks": 1, **kw})
 
 
@@ -111,7 +111,7 @@ def test_forget_set_from_prior_scores_follows_them_exactly(clip_run, tmp_path, n
 
 
 def test_prior_scores_are_checked_against_the_training_pairs(clip_run, tmp_path):
-  from ncjax.methods.ncu import load_clean_scores
+  from ncjax.data.scores import load_clean_scores
   clean, sha = _training_pairs(ncu_config(clip_run))
   n = len(clean)
   other = _write_scores(tmp_path / "other.npz", np.ones(n), "f" * 64)

@@ -29,7 +29,7 @@ def openai_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ncu_run(openai_checkpoint, tmp_path_factory):
   path, _ = openai_checkpoint
-  cfg = make_config("ncu", f"setting=paper,init=openai:{path},data=digits,batch=32,epochs=2,epochs_prompt=1",
+  cfg = make_config("ncu", f"setting=paper,init=openai:{path},data=digits,batch=32,epochs=1,epochs_prompt=1",
                     total_steps=2)
   workdir = str(tmp_path_factory.mktemp("ncu_paper"))
   trainer = train.Trainer(cfg, workdir)

@@ -19,7 +19,8 @@ def model_cfg(**kw):
 
 
 def build(**kw):
-  return models.build_two_tower(model_cfg(**kw), vocab_size=30, eot_id=3, pad_id=0, seed=0)
+  return models.build_two_tower(models.ModelSpec.from_config(model_cfg(**kw)), vocab_size=30, eot_id=3, pad_id=0,
+                                seed=0)
 
 
 def jitted(module, method="__call__"):

@@ -145,7 +145,7 @@ def test_bf16_compute_stays_within_tolerance(tmp_path):
   cfg = ml_collections.ConfigDict(dict(pretrained._config_defaults(), **{k: v for k, v in conf.items()
                                                                         if k != "preprocess"}))
   cfg.dtype = "bfloat16"
-  module = models.build_two_tower(cfg, vocab_size=cfg.vocab_size, eot_id=49407)
+  module = models.build_two_tower(models.ModelSpec.from_config(cfg), vocab_size=cfg.vocab_size, eot_id=49407)
   gd, _ = nnx.split(module, nnx.Param)
   img = np.asarray(jax.jit(lambda p, x: nnx.merge(gd, p).encode_image(x))(params, images))
   txt = np.asarray(jax.jit(lambda p, t: nnx.merge(gd, p).encode_text(t))(params, tokens))
