@@ -139,6 +139,22 @@ class Checkpointer:
     out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state)))
     return out["state"]
 
+  def restore_parts(self, step: int, abstract_parts: dict):
+    """Restore only some top-level entries of the train state (e.g. {'params': ..., 'method_state': ...} for
+    evaluation: no optimiser state is read), into ShapeDtypeStructs with shardings (resharding on load)."""
+    reader = ocp.CheckpointManager(self.directory, item_handlers=dict(state=ocp.PyTreeCheckpointHandler()))
+    try:
+      out = reader.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+          item=abstract_parts, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_parts),
+          partial_restore=True)))
+    finally:
+      reader.close()
+    return out["state"]
+
+  def stored_shapes(self, step: int) -> dict:
+    """The train state's stored array metadata (shape, dtype) by path, as a pytree."""
+    return self.manager.item_metadata(step)["state"]
+
   def wait(self):
     try:
       self.manager.wait_until_finished()

@@ -42,7 +42,7 @@ def _setup_jax():
 
 def train_and_evaluate(name: str, config_name: str, arg: str, init: str | None = None, workdirs=None):
   """(config, evaluation results, seconds, workdir) of one demo run."""
-  from ncjax import config_lib, main as main_lib, train
+  from ncjax import config_lib, evaluation, train
   if init is not None:  # start from an earlier row's model (unlearning methods)
     arg = f"{arg},init={workdirs[init]}" if arg else f"init={workdirs[init]}"
   cfg = config_lib.load_config_file(config_name, arg)
@@ -53,7 +53,7 @@ def train_and_evaluate(name: str, config_name: str, arg: str, init: str | None =
   print(f"\n== {name}: {config_name}.py:{arg}", flush=True)
   t0 = time.perf_counter()
   result = train.train(cfg, workdir)
-  evals = main_lib.final_evaluation(cfg, result, workdir)
+  evals = evaluation.final(cfg, result, workdir)
   return cfg, evals, time.perf_counter() - t0, workdir
 
 

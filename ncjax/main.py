@@ -43,30 +43,34 @@ _FORMAT = flags.DEFINE_enum("format", "open_clip", ["open_clip", "hf"], "export:
                             "CLIPModel directory")
 _MODULE = flags.DEFINE_string("module", "model", "export: which two-tower module of the method ('model'; 'net_a' "
                               "or 'net_b' for GSC+)")
+_PLUGINS = flags.DEFINE_list("plugins", [], "Python files (path/to/my_method.py) or importable modules, imported "
+                             "before anything else: methods, evaluators, datasets or towers registered outside "
+                             "ncjax (`@ncjax.methods.register(...)`), usable by every command")
 
 COMMANDS = ("train", "eval", "export", "ncbench")
 
 
-def _runner():
-  """ncjax.evals.runner, imported when first needed (the CLI configures devices before JAX's backend starts)."""
-  from ncjax.evals import runner
-  return runner
-
-
-def run_evaluations(config, **kwargs) -> dict:
-  return _runner().run_evaluations(config, **kwargs)
-
-
-def evaluate_state(config, exp, state, workdir: str) -> dict:
-  return _runner().evaluate_state(config, exp, state, workdir)
-
-
-def final_evaluation(config, result, workdir: str) -> dict:
-  return _runner().final_evaluation(config, result, workdir)
-
-
-def check_final_evaluators(config, exp) -> None:
-  _runner().check_final_evaluators(config, exp)
+def load_plugins(specs) -> list:
+  """Import each plugin: a path to a .py file (imported under its file name) or a module name. A plugin registers
+  what it adds (a method with its `bench` rows, an evaluator, a dataset) when imported; nothing in ncjax is edited."""
+  import importlib
+  import importlib.util
+  loaded = []
+  for spec in [s for s in specs if s]:
+    if spec.endswith(".py"):
+      path = os.path.abspath(spec)
+      if not os.path.isfile(path):
+        raise app.UsageError(f"--plugins: no such file {spec!r}")
+      name = f"ncjax_plugin_{os.path.splitext(os.path.basename(path))[0]}"
+      if name not in sys.modules:
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+      loaded.append(sys.modules[name])
+    else:
+      loaded.append(importlib.import_module(spec))
+  return loaded
 
 
 def _quiet_logging():
@@ -89,46 +93,6 @@ def _init_jax():
   elif _DISTRIBUTED.value:
     jax.distributed.initialize()
   return jax
-
-
-def make_periodic_evaluator(config, trainer):
-  """A callback for Trainer.run: runs each evaluator whose every_steps divides the step."""
-  from ncjax import evals
-  periodic = {k: v for k, v in config.evals.items() if v.get("every_steps", 0)}
-  if not periodic:
-    return None
-  exp = trainer.exp
-  evaluators = evals.build_evaluators(periodic, evals.EvalContext(config, exp.tokenizer, exp.mesh))
-
-  def evaluate(step, state, writer):
-    for name, ev in evaluators.items():
-      if step % periodic[name].every_steps == 0:
-        res = ev.run(exp.method.eval_model(state["params"]))
-        writer.write(step, {f"{name}/{k}": v for k, v in res.items()}, kind="eval")
-  return evaluate
-
-
-def evaluate_pretrained(config, spec: str, output: str) -> dict:
-  """Evaluate an imported checkpoint as it is (no training): the evaluators of `config` (noise detection, which
-  needs training pairs, is left out) on the model `spec` describes; writes OUTPUT/eval/step_0.json."""
-  import jax
-  from ncjax import experiment, models, sharding, tokenizers
-  from ncjax.methods import build_method
-  from ncjax import pretrained
-  config = config.copy_and_resolve_references()
-  with config.unlocked():
-    config.method.init_from = spec
-    config.evals = {k: v for k, v in config.evals.items() if v.get("type", k) != "noise_detection"}
-  config = experiment.resolve_config(config)
-  mesh = sharding.make_mesh(config.mesh)
-  tokenizer = tokenizers.build_tokenizer([], context_length=models.context_length_of(config.model),
-                                         kind=models.tokenizer_kind_of(config.model))
-  method = build_method(config, tokenizer=tokenizer, num_examples=0)
-  param_sh = sharding.param_shardings(method.abstract_params(), mesh)
-  params = pretrained.overlay(jax.jit(method.init_params, out_shardings=param_sh)(), spec, param_sh)
-  state = dict(params=params, method_state={})
-  return run_evaluations(config, tokenizer=tokenizer, mesh=mesh, method=method, state=state,
-                         out_dir=os.path.join(output, "eval"), step=0, info=dict(init=spec))
 
 
 def expand_checkpoints(spec: str) -> list[tuple[str, int]]:
@@ -154,51 +118,15 @@ def expand_checkpoints(spec: str) -> list[tuple[str, int]]:
   return out
 
 
-def fit_to_devices(config, n_devices: int):
-  """Evaluation may run on another device count than training: keep fsdp if it divides, and a divisible batch."""
-  config = config.copy_and_resolve_references()
-  with config.unlocked():
-    if n_devices % int(config.mesh.fsdp):
-      config.mesh.fsdp = 1
-    config.mesh.data = -1
-    gb = int(config.input.global_batch_size)
-    config.input.global_batch_size = max(n_devices, gb - gb % n_devices)
-  return config
-
-
-def _config_from_meta(meta: dict):
-  from ncjax import config_lib
-  return config_lib.from_json_dict(meta["config"])
-
-
-def evaluate_checkpoint(config, workdir: str, step: int):
-  """(results, meta) of one saved checkpoint under `config` (None: the run's own config).
-
-  The state is restored with the run's own config (its training data sizes the per-example method state); the
-  evaluators follow the given config, which may name other data: training-only state is never rebuilt against
-  the evaluation data, and results on other data go to their own directory (`eval_dir`)."""
-  import jax
-  from ncjax import checkpoint as ckpt_lib, train
-  manager = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), async_save=False)
-  meta = manager.read_meta(step)
-  manager.close()
-  own = fit_to_devices(_config_from_meta(meta), len(jax.devices()))
-  cfg = fit_to_devices(config, len(jax.devices())) if config is not None else own
-  trainer = train.Trainer(own, workdir, step=step)
-  state, _ = trainer.restore_or_init()
-  results = evaluate_state(cfg, trainer.exp, state, workdir)
-  trainer.checkpointer.close()
-  return results, meta
-
-
 def eval_command(config):
   """Evaluate checkpoints: one JSON per checkpoint (WORKDIR/eval/step_N.json) and a summary (markdown + CSV)."""
   import jax
   if not _CHECKPOINTS.value:
     raise app.UsageError("eval needs --checkpoints=WORKDIR[/checkpoints/STEP][,...]")
+  from ncjax import evaluation
   rows = []
   for workdir, step in expand_checkpoints(_CHECKPOINTS.value):
-    results, meta = evaluate_checkpoint(config, workdir, step)
+    results, meta = evaluation.evaluate_checkpoint(config, workdir, step)
     row = dict(workdir=workdir, step=step, method=meta["method"])
     for name, res in results.items():
       row.update({f"{name}/{k}": v for k, v in res.items() if isinstance(v, (int, float))})
@@ -235,11 +163,12 @@ def write_summary(rows: list[dict], out_dir: str) -> tuple[str, str]:
 
 
 def train_command(config, workdir: str):
-  from ncjax import train
+  from ncjax import evaluation, train
   trainer = train.Trainer(config, workdir)
-  check_final_evaluators(config, trainer.exp)
-  result = trainer.run(until=_UNTIL.value, evaluate=make_periodic_evaluator(config, trainer))
-  results = final_evaluation(config, result, workdir)
+  config = trainer.config   # a pretrained init_from's architecture laid in
+  evaluation.check(config, trainer.exp)
+  result = trainer.run(until=_UNTIL.value, evaluate=evaluation.periodic_hook(config, trainer))
+  results = evaluation.final(config, result, workdir)
   for name, res in results.items():
     shown = {k: round(v, 4) for k, v in res.items()
              if isinstance(v, float) and (k.endswith("R@1") or k in ("acc1", "rsum", "auc", "lp_acc1"))}
@@ -272,6 +201,7 @@ def main(argv):
   command = args[0] if args else "train"
   if command not in COMMANDS:
     raise app.UsageError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
+  load_plugins(_PLUGINS.value)
   if command == "export":
     export_command()
     return
@@ -280,7 +210,8 @@ def main(argv):
     if _INIT.value:
       from ncjax import config_lib
       config = _CONFIG.value if _CONFIG.value is not None else config_lib.load_config_file("clip")
-      results = evaluate_pretrained(config, _INIT.value, _OUTPUT.value or "eval_pretrained")
+      from ncjax import evaluation
+      results = evaluation.evaluate_pretrained(config, _INIT.value, _OUTPUT.value or "eval_pretrained")
       for name, res in results.items():
         print(f"{name}: " + ", ".join(f"{k}={v:.4g}" for k, v in res.items() if isinstance(v, float)))
       return

@@ -14,24 +14,24 @@ PKG = os.path.join(ROOT, "ncjax")
 # the top-level modules and sub-packages of ncjax; 'ncjax' is the package root (its __version__).
 ALLOWED = {
     "registry": set(), "numerics": set(), "contract": set(), "config_lib": set(), "runtime": set(),
-    "sharding": set(), "logging_utils": set(), "checkpoint": set(),
+    "sharding": set(), "logging_utils": set(), "checkpoint": set(), "options": set(),
     "tokenizers": {"registry"},
-    "models": {"registry", "numerics"},
+    "models": {"registry", "numerics", "contract"},
     "ot": {"registry", "numerics"},
     "samplers": {"numerics"},
-    "losses": {"models", "ot", "samplers", "numerics", "registry", "sharding"},
+    "losses": {"models", "ot", "samplers", "numerics", "registry", "sharding", "options"},
     "data": {"models", "tokenizers", "sharding", "registry", "numerics"},
     "evals": {"data", "models", "sharding", "contract", "registry", "numerics"},
     "optim": {"contract"},
-    "methods": {"losses", "models", "ot", "samplers", "contract", "registry", "numerics"},
+    "methods": {"losses", "models", "ot", "samplers", "contract", "registry", "numerics", "options"},
     # ncjax.pretrained (imports / exports checkpoints): its own layer above models and data, below experiment.
     "pretrained": {"models", "tokenizers", "data", "config_lib", "registry", "numerics"},
-    "experiment": {"data", "methods", "models", "pretrained", "tokenizers", "sharding"},
+    "experiment": {"data", "methods", "models", "pretrained", "tokenizers", "sharding", "checkpoint", "options"},
     "train": {"ncjax", "experiment", "checkpoint", "optim", "sharding", "contract", "logging_utils", "config_lib",
               "pretrained"},
 }
-# Entry points (CLI, demo, tools) may import anything; nothing below may import them.
-TOP = {"train", "experiment", "main", "demo", "testing"}
+# Entry points (CLI, demo, tools, the evaluation path) may import anything; nothing below may import them.
+TOP = {"train", "experiment", "evaluation", "main", "demo", "testing"}
 
 
 def _modules() -> dict[str, str]:

@@ -17,7 +17,8 @@ import os
 from typing import Any
 
 from ncjax import data as data_lib
-from ncjax.models import image_size_of
+from ncjax.data.pipeline import TrainingPairs
+from ncjax.models import ModelSpec
 from ncjax.registry import Registry
 
 EVALUATORS: Registry = Registry("evaluator")
@@ -31,12 +32,15 @@ def register(name: str):
 
 @dataclasses.dataclass
 class EvalContext:
-  """What evaluators share: the config, the tokenizer the model was trained with, the mesh, cached splits, and
-  optionally the experiment (training pairs, method) and where to write plots."""
+  """What evaluators share: the config (its `input` section says where evaluation data lives and how it is
+  preprocessed), the model spec (the input resolution), the tokenizer the model was trained with, the mesh, cached
+  splits, the run's training pairs when it has them (noise detection), the method's name, and where plots go."""
   config: Any
   tokenizer: Any
   mesh: Any
-  experiment: Any = None
+  model: ModelSpec
+  pairs: TrainingPairs | None = None
+  method_name: str = ""
   plot_dir: str | None = None
   tag: str = ""
 
@@ -47,7 +51,7 @@ class EvalContext:
       input_cfg.dataset = dataset
       if data_dir:
         input_cfg.data_dir = data_dir
-    return data_lib.load_split(input_cfg, split, image_size_of(self.config.model))
+    return data_lib.load_split(input_cfg, split, self.model.image_size)
 
   def __hash__(self):
     return id(self)
@@ -84,12 +88,12 @@ class Evaluator(abc.ABC):
 
   def images(self, split):
     cfg = self.context.config
-    return data_lib.eval_images(split, image_size_of(cfg.model), cfg.input.normalization,
-                                cfg.input.get("resize", "shortest"))
+    return data_lib.eval_images(split, self.context.model.image_size, cfg.input.normalization, cfg.input.resize)
 
   @abc.abstractmethod
-  def run(self, eval_model, state=None) -> dict:
-    """Evaluate and return flat metrics."""
+  def run(self, eval_model) -> dict:
+    """Evaluate the EvalModel (with the method's clean scores attached, when it keeps them) and return flat
+    metrics."""
 
   def check(self) -> None:
     """Raise now, with the reason, if this evaluator cannot run at the end of training (its dataset, split,
@@ -128,7 +132,7 @@ def accepted_options(cls) -> list[str]:
 
 
 def build_evaluator(name: str, cfg, context: EvalContext) -> Evaluator:
-  kind = cfg.get("type", name)
+  kind = cfg.type if "type" in cfg else name
   if kind not in EVALUATORS:
     raise ValueError(f"evals.{name}: unknown evaluator type {kind!r}; registered: {EVALUATORS.names()}")
   cls = EVALUATORS.get(kind)
@@ -146,8 +150,17 @@ def build_evaluator(name: str, cfg, context: EvalContext) -> Evaluator:
 
 def build_evaluators(evals_config, context: EvalContext) -> dict[str, Evaluator]:
   """Every evaluator of `config.evals` except those switched off with `--config.evals.NAME.enabled=False`."""
-  return {name: build_evaluator(name, cfg, context) for name, cfg in evals_config.items()
-          if cfg.get("enabled", True)}
+  return {name: build_evaluator(name, cfg, context) for name, cfg in evals_config.items() if is_enabled(cfg)}
+
+
+def is_enabled(cfg) -> bool:
+  """An evaluator runs unless its entry says `enabled=False`."""
+  return bool(cfg["enabled"]) if "enabled" in cfg else True
+
+
+def every_steps(cfg) -> int:
+  """How often an evaluator runs during training (0: only at the end and in `ncjax eval`)."""
+  return int(cfg["every_steps"]) if "every_steps" in cfg else 0
 
 
 def finite_or_none(value):
@@ -162,8 +175,8 @@ def finite_or_none(value):
   return value
 
 
-def run_evaluators(evaluators: dict[str, Evaluator], eval_model, state=None) -> dict[str, dict]:
-  return {name: ev.run(eval_model, state) for name, ev in evaluators.items()}
+def run_evaluators(evaluators: dict[str, Evaluator], eval_model) -> dict[str, dict]:
+  return {name: ev.run(eval_model) for name, ev in evaluators.items()}
 
 
 def clip_benchmark_records(results: dict[str, dict], evaluators: dict[str, Evaluator], model: str,

@@ -1,4 +1,5 @@
-"""Embedding whole evaluation splits with a method's EvalModel, sharded over the mesh."""
+"""Embedding whole evaluation splits with a method's EvalModel, sharded over the mesh, and reading per-sample values
+to the host: every evaluator reads device values through this module (one place to make multi-process)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,8 @@ def image_features(eval_model, images: np.ndarray, batch_size: int, mesh) -> np.
 def score_matrix(eval_model, a: np.ndarray, b: np.ndarray) -> np.ndarray:
   return np.asarray(jax.jit(eval_model.score)(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)),
                     np.float32)
+
+
+def host_values(x) -> np.ndarray:
+  """A device array (per-sample method state, a metric's counts) as a host numpy array."""
+  return np.asarray(jax.device_get(x))

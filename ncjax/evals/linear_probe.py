@@ -165,7 +165,7 @@ class LinearProbe(Evaluator):
       if self.data(name).image_labels is None:
         raise ValueError(f"{self.data(name).name} has no class labels: a linear probe needs them")
 
-  def run(self, eval_model, state=None) -> dict:
+  def run(self, eval_model) -> dict:
     if eval_model.image_features is None:
       raise ValueError("this model exposes no pre-projection image features for a linear probe")
     ctx = self.context

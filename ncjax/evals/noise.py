@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.stats import rankdata
 
+from ncjax.data.scores import save_clean_scores
 from ncjax.evals import common, plots
 from ncjax.evals.base import Evaluator, register
 
@@ -42,8 +43,8 @@ def detection_metrics(scores, clean, flagged=None) -> dict:
 class NoiseDetection(Evaluator):
   """ROC-AUC (and precision/recall of a flagged set) of per-training-pair clean scores against the ground truth.
 
-  Scores come from the method (`Method.clean_scores(params, method_state)`, e.g. GSC's labels) when it provides
-  them, else the model's similarity of each training pair as the loss saw it.
+  Scores come from the method (`EvalModel.clean_scores`, e.g. GSC's labels) when it keeps them, else the model's
+  score of each training pair as the loss saw it (`context.pairs`: the run's training pairs and clean flags).
 
   Args:
     plot: write the clean-vs-noisy histogram PNG, and the scores with the clean flags beside it
@@ -56,41 +57,40 @@ class NoiseDetection(Evaluator):
     self.plot = plot
 
   def check(self):
-    """Nothing to load: it scores the training pairs of the run's own experiment."""
+    """Nothing to load: it scores the run's own training pairs."""
+    if self.context.pairs is None:
+      raise ValueError("noise_detection scores a run's training pairs, and this evaluation has none")
 
-  def run(self, eval_model, state=None) -> dict:
-    exp = self.context.experiment
-    if exp is None:
-      raise ValueError("noise_detection needs the training experiment (its noisy pairs and clean flags)")
-    td = exp.train_data
-    scores = flagged = None
-    if state is not None:
-      out = exp.method.clean_scores(state["params"], state["method_state"])
-      if out is not None:
-        scores, flagged = out
-        scores = np.asarray(scores)[:td.num_examples]
-        flagged = None if flagged is None else np.asarray(flagged)[:td.num_examples]
-    if scores is None:
-      scores = pair_scores(eval_model, td, self.batch_size, self.context.mesh)
-    metrics = detection_metrics(scores, td.clean, flagged)
+  def run(self, eval_model) -> dict:
+    pairs = self.context.pairs
+    if pairs is None:
+      raise ValueError("noise_detection needs the run's training pairs (their noisy caption->image index and "
+                       "clean flags)")
+    n = pairs.num_examples
+    flagged = None
+    if eval_model.clean_scores is not None:
+      scores, flagged = eval_model.clean_scores
+      scores = common.host_values(scores)[:n]
+      flagged = None if flagged is None else common.host_values(flagged)[:n]
+    else:
+      scores = pair_scores(eval_model, pairs, self.context.tokenizer, self.batch_size, self.context.mesh)
+    metrics = detection_metrics(scores, pairs.clean, flagged)
     path = self.context.plot_path("clean_noisy")
     if path and self.plot:
-      plots.plot_clean_noisy_histogram(scores, td.clean, path, f"{exp.method.name}: training pairs")
+      name = self.context.method_name
+      plots.plot_clean_noisy_histogram(scores, pairs.clean, path, f"{name}: training pairs")
       # scores in example-id order with the noise index they were computed on: NC-bench's ROC curves, and the
       # prior scores of a composed method (NCU's `method.forget_from='scores'`)
-      np.savez_compressed(path[:-len("clean_noisy.png")] + "clean_scores.npz", scores=np.asarray(scores, np.float32),
-                          clean=np.asarray(td.clean, bool), noise_sha256=np.asarray(td.noise_sha256 or ""),
-                          method=np.asarray(exp.method.name))
+      save_clean_scores(path[:-len("clean_noisy.png")] + "clean_scores.npz", scores, pairs.clean,
+                        pairs.noise_sha256, name)
     return metrics
 
 
-def pair_scores(eval_model, train_data, batch_size, mesh) -> np.ndarray:
+def pair_scores(eval_model, pairs, tokenizer, batch_size, mesh) -> np.ndarray:
   """The model's score of every training pair (image caption_to_image[k] with caption k), in id order."""
-  split = train_data.split
-  img = common.embed_images(eval_model, train_data_images(train_data), batch_size, mesh)
-  tokens = train_data.tokens if train_data.tokens is not None else train_data.tokenizer.encode(split.captions)
-  txt = common.embed_texts(eval_model, tokens, batch_size, mesh)
-  pairs_img = img[train_data.caption_to_image]
+  img = common.embed_images(eval_model, pairs.images(), batch_size, mesh)
+  txt = common.embed_texts(eval_model, pairs.token_ids(tokenizer), batch_size, mesh)
+  pairs_img = img[pairs.caption_to_image]
   out = np.empty(len(txt), np.float32)
   if eval_model.pair_score is not None:    # aligned pairs only (a learned similarity's full block is costly)
     fn = jax.jit(eval_model.pair_score)
@@ -102,8 +102,3 @@ def pair_scores(eval_model, train_data, batch_size, mesh) -> np.ndarray:
     block = common.score_matrix(eval_model, pairs_img[s:s + 4096], txt[s:s + 4096])
     out[s:s + 4096] = np.diagonal(block)
   return out
-
-
-def train_data_images(train_data):
-  from ncjax import data as data_lib
-  return data_lib.eval_images(train_data.split, train_data.image_size or 0, train_data.normalization)

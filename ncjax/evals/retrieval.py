@@ -102,7 +102,7 @@ class Retrieval(Evaluator):
     super().__init__(context, dataset=dataset, split=split, data_dir=data_dir)
     self.folds, self.plot = int(folds), plot
 
-  def run(self, eval_model, state=None) -> dict:
+  def run(self, eval_model) -> dict:
     split = self.data()
     ctx = self.context
     img = common.embed_images(eval_model, self.images(split), self.batch_size, ctx.mesh)

@@ -103,7 +103,7 @@ class Unlearning(Evaluator):
     if unknown:
       raise ValueError(f"forget classes {unknown} are not classes of {zs.data().name}: {list(names)}")
 
-  def run(self, eval_model, state=None) -> dict:
+  def run(self, eval_model) -> dict:
     zs = ZeroShot(self.context, templates=self.templates, dataset=self.dataset, split=self.split,
                   data_dir=self.data_dir)
     scores, split = zs.scores(eval_model)

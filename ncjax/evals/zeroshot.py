@@ -133,6 +133,6 @@ class ZeroShot(Evaluator):
     img = common.embed_images(eval_model, self.images(split), self.batch_size, ctx.mesh)
     return common.score_matrix(eval_model, img, weights), split
 
-  def run(self, eval_model, state=None) -> dict:
+  def run(self, eval_model) -> dict:
     scores, split = self.scores(eval_model)
     return accuracy(scores, split.image_labels, len(split.class_names))

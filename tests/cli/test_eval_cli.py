@@ -79,7 +79,7 @@ def test_eval_on_other_data_keeps_the_runs_state_and_its_own_results(tmp_path, b
   # A GSC run (per-example labels sized by its 1,438 training pairs) evaluated on another built dataset of 15
   # pairs: the state is restored with the run's own config, the results go to eval/<dataset>, not over eval/.
   from helpers import make_config
-  from ncjax import main as cli
+  from ncjax import evaluation
   cfg = make_config("gsc", "noise=0.4,batch=64,epochs=1", total_steps=2)
   with cfg.unlocked():
     cfg.evals = {"retrieval": dict(type="retrieval", plot=False)}
@@ -88,7 +88,7 @@ def test_eval_on_other_data_keeps_the_runs_state_and_its_own_results(tmp_path, b
   other = cfg.copy_and_resolve_references()
   with other.unlocked():
     other.input.dataset, other.input.data_dir = "tfds:karpathy/flickr30k", built["data_dir"]
-  results, meta = cli.evaluate_checkpoint(other, str(workdir), 2)
+  results, meta = evaluation.evaluate_checkpoint(other, str(workdir), 2)
   assert meta["method"] == "gsc" and 0 <= results["retrieval"]["rsum"] <= 600
   out = json.loads((workdir / "eval" / "tfds_karpathy_flickr30k_tfds" / "step_2.json").read_text())
   assert out["dataset"] == "tfds:karpathy/flickr30k" and not (workdir / "eval" / "step_2.json").exists()

@@ -5,11 +5,12 @@ import pytest
 
 from helpers import tiny_clip_config
 from ncjax import evals
+from ncjax.models import ModelSpec
 
 
 def _context():
   cfg = tiny_clip_config()
-  return evals.EvalContext(cfg, tokenizer=None, mesh=None)
+  return evals.EvalContext(cfg, tokenizer=None, mesh=None, model=ModelSpec.from_config(cfg.model))
 
 
 def test_options_reach_the_evaluator_and_generic_keys_are_stripped():
@@ -46,22 +47,22 @@ def test_evaluators_that_cannot_run_fail_before_training_with_the_fix():
   # The default zero-shot evaluator on region features (no class labels), a split that was never built, and a
   # forget class the data lacks: all reported at once, before any step, each with how to fix or switch it off.
   from helpers import load_config
-  from ncjax import main as cli
+  from ncjax import evaluation
   from ncjax.experiment import build_experiment
   cfg = load_config("clip", "noise=0.4,batch=64")
   exp = build_experiment(cfg)
-  cli.check_final_evaluators(cfg, exp)   # the defaults run on digits
+  evaluation.check(cfg, exp)   # the defaults run on digits
   with cfg.unlocked():
     cfg.evals.retrieval.split = "validation"
     cfg.evals.unl = dict(type="unlearning", forget_classes=["thirteen"])
   with pytest.raises(evals.EvaluatorConfigError) as err:
-    cli.check_final_evaluators(cfg, exp)
+    evaluation.check(cfg, exp)
   msg = str(err.value)
   assert "evals.retrieval:" in msg and "'validation'" in msg and "--config.evals.retrieval.enabled=False" in msg
   assert "evals.unl: forget classes ['thirteen'] are not classes of digits" in msg
   region = load_config("clip", "noise=0.4,batch=64,data=precomp_synthetic")
   with pytest.raises(evals.EvaluatorConfigError, match=r"evals.zeroshot: precomp_synthetic/test has no class labels"):
-    cli.check_final_evaluators(region, exp)
+    evaluation.check(region, exp)
 
 
 def test_undefined_metrics_are_written_as_null_not_nan():

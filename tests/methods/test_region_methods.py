@@ -8,7 +8,7 @@ import jax
 import pytest
 
 from helpers import make_config
-from ncjax import main as cli, train
+from ncjax import evaluation, train
 
 TINY = {"model.region.feature_dim": 64, "model.region.word_dim": 8, "model.region.sim_dim": 8,
         "model.embed_dim": 16}
@@ -48,7 +48,7 @@ def test_region_methods_train_and_evaluate_from_ncr_precomp_files(name, arg, ext
   if name == "disncl":   # after the warm-up stage: the discriminator update, then the encoders'
     assert [s.name for s in result.experiment.method.stages()] == ["warmup", "train"]
     assert any("adversary/loss" in r and "main/soft_loss" in r for r in rows)
-  out = cli.final_evaluation(cfg, result, str(tmp_path))
+  out = evaluation.final(cfg, result, str(tmp_path))
   assert 0.0 <= out["retrieval"]["rsum"] <= 600.0 and out["retrieval"]["i2t_R@10"] == 100.0   # 4 test images
   assert np.isfinite(out["noise_detection"]["auc"])
 

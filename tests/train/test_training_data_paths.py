@@ -23,7 +23,7 @@ def test_training_from_a_built_karpathy_dataset_with_retrieval_eval(built, tmp_p
                                            "noise.kind": "caption_shuffle", "noise.ratio": 0.2})
   with cfg.unlocked():
     cfg.evals = ml_collections.ConfigDict(dict(retrieval=dict(type="retrieval", split="test")))
-  from ncjax import main as main_lib
+  from ncjax import evaluation
   result = train.train(cfg, str(tmp_path))
-  res = main_lib.final_evaluation(cfg, result, str(tmp_path))["retrieval"]
+  res = evaluation.final(cfg, result, str(tmp_path))["retrieval"]
   assert 0 <= res["i2t_R@1"] <= 100 and res["i2t_R@10"] == 100.0  # 2 test images: everything within top 10
