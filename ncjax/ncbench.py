@@ -26,62 +26,16 @@ import time
 
 import numpy as np
 
-@dataclasses.dataclass(frozen=True)
-class MethodSpec:
-  """How NC-bench runs a method: its config file and arguments, the method whose run of the same cell it starts
-  from (`start`), and the method whose per-sample clean scores select its forget set (`scores`, NCU's
-  `method.forget_from='scores'`)."""
-  config: str
-  args: str = ""
-  start: str | None = None
-  scores: str | None = None
-  two_tower: bool = True   # takes the bench's `model` (a two-tower size); region-feature methods keep their own
-
-  @property
-  def needs(self) -> tuple[str, ...]:
-    return tuple(m for m in (self.start, self.scores) if m)
+def methods() -> dict:
+  """{row name: BenchEntry}: every registered method's NC-bench rows (ncjax.methods.Method.bench) — a method added
+  with its `bench` entries appears here without any edit to this module."""
+  from ncjax.methods import bench_entries
+  return bench_entries()
 
 
-METHODS = {
-    "clip": MethodSpec("clip"),
-    "siglip": MethodSpec("siglip"),
-    "ncu": MethodSpec("ncu", start="clip"),
-    "ncu_ga": MethodSpec("ncu", "method=ncu_ga", start="clip"),
-    "gsc": MethodSpec("gsc"),
-    "gsc_plus": MethodSpec("gsc", "coteach=true"),
-    "bayes": MethodSpec("bayes"),
-    "sgraf": MethodSpec("sgraf", two_tower=False),
-    "gsc_sgraf": MethodSpec("gsc", "backbone=sgraf", two_tower=False),
-    "disncl": MethodSpec("disncl", two_tower=False),
-    # Compositions. NCU's unlearning applied after another method's run of the same cell:
-    "gsc_then_ncu": MethodSpec("ncu", start="gsc"),
-    "bayes_then_ncu": MethodSpec("ncu", start="bayes"),
-    # NCU unlearning the CLIP run, its forget set taken from another method's per-sample clean scores (GSC's soft
-    # labels, Bayesian CL's positive probabilities) instead of the current model's softmax diagonal:
-    "ncu_gsc_forget": MethodSpec("ncu", "forget_from=scores", start="clip", scores="gsc"),
-    "ncu_bayes_forget": MethodSpec("ncu", "forget_from=scores", start="clip", scores="bayes"),
-}
-# One line per method for the legend under a table.
-DESCRIPTIONS = {
-    "clip": "CLIP InfoNCE (the baseline; at noise 0: the clean-caption reference)",
-    "siglip": "SigLIP sigmoid loss",
-    "ncu": "NCU: unlearning the CLIP run of its cell (forget set: each batch's least confident pairs)",
-    "ncu_ga": "gradient-ascent unlearning of the CLIP run (NCU paper's baseline)",
-    "gsc": "GSC: soft correspondence labels from cross-/intra-modal structure, GMM per epoch",
-    "gsc_plus": "GSC+: GSC with two co-teaching networks",
-    "bayes": "Bayesian CL: Gamma pair weights by Gibbs sampling (stochastic EM)",
-    "sgraf": "SGRAF hinge on region features",
-    "gsc_sgraf": "GSC on SGRAF's region backbone",
-    "disncl": "DisNCL: invariant/exclusive disentangling with filtration and soft targets",
-    "gsc_then_ncu": "composition: NCU unlearning the GSC run of its cell",
-    "bayes_then_ncu": "composition: NCU unlearning the Bayesian CL run of its cell",
-    "ncu_gsc_forget": "composition: NCU unlearning the CLIP run, forget set = lowest GSC soft labels per batch",
-    "ncu_bayes_forget": "composition: NCU unlearning the CLIP run, forget set = lowest Bayesian CL probabilities",
-}
-
-
-def legend(methods) -> str:
-  return "\n".join(f"  {m:<17} {DESCRIPTIONS.get(m, '')}" for m in dict.fromkeys(methods))
+def legend(names) -> str:
+  table = methods()
+  return "\n".join(f"  {m:<17} {table[m].description if m in table else ''}" for m in dict.fromkeys(names))
 
 
 # The metrics the table and the curves show (evaluator/metric), when the runs report them.
@@ -101,30 +55,31 @@ class Cell:
 
 def cells_of(bench) -> list[Cell]:
   """Every run of the sweep, dependencies first (a method's start run comes before it)."""
-  unknown = [m for m in bench.methods if m not in METHODS]
+  table = methods()
+  unknown = [m for m in bench.methods if m not in table]
   if unknown:
-    raise ValueError(f"unknown NC-bench method(s) {unknown}; known: {sorted(METHODS)}")
+    raise ValueError(f"unknown NC-bench method(s) {unknown}; known: {sorted(table)}")
   # A run another needs joins the sweep even when not listed (NCU needs the CLIP run of its cell); every run comes
   # after the runs it needs, otherwise in the order listed.
   order: list[str] = []
 
   def visit(method):
     if method not in order:
-      for need in METHODS[method].needs:
+      for need in table[method].needs:
         visit(need)
       order.append(method)
 
   listed = list(bench.methods)
   for m in listed:
-    for need in METHODS[m].needs:
+    for need in table[m].needs:
       if need not in listed:
         visit(need)
-  for m in sorted(listed, key=lambda m: bool(METHODS[m].needs)):
+  for m in sorted(listed, key=lambda m: bool(table[m].needs)):
     visit(m)
   cells = [Cell(m, float(r), int(s)) for r in bench.noise for s in range(int(bench.seeds)) for m in order]
-  reference = bench.get("reference", "")
+  reference = bench.reference
   if reference:   # the clean-caption reference run of every seed, first (unless a noise level 0 already has it)
-    if reference not in METHODS or METHODS[reference].needs:
+    if reference not in table or table[reference].needs:
       raise ValueError(f"bench.reference={reference!r}: expected a method that trains from scratch (e.g. 'clip')")
     extra = [Cell(reference, 0.0, int(s)) for s in range(int(bench.seeds))]
     cells = [c for c in extra if c not in cells] + cells
@@ -132,25 +87,23 @@ def cells_of(bench) -> list[Cell]:
 
 
 def cell_config(bench, cell: Cell, workdir: str):
-  """The run config of one cell: the method's config file with the bench's data, noise, seed and budget."""
+  """The run config of one cell: the row's config file with the bench's data, noise, seed and budget — the
+  arguments every NC-bench config accepts (ncjax.config_lib.BENCH_ARGUMENTS)."""
   from ncjax import config_lib
-  spec = METHODS[cell.method]
-  config_name = spec.config
-  args = [spec.args, f"data={bench.data}", f"noise={cell.noise:g}"]
-  if bench.epochs and config_name != "ncu":   # NCU: the budget is its unlearning stage (set below)
+  entry = methods()[cell.method]
+  args = [entry.args, f"data={bench.data}", f"noise={cell.noise:g}"]
+  if bench.epochs:   # every method's main stage (its preparatory stages keep their own length)
     args.append(f"epochs={int(bench.epochs)}")
   if bench.batch:
     args.append(f"batch={int(bench.batch)}")
-  if bench.get("model", "") and spec.two_tower:
+  if bench.model and entry.model_kind == "two_tower":
     args.append(f"model={bench.model}")
-  if spec.start:
-    args.append(f"init={run_dir(workdir, Cell(spec.start, cell.noise, cell.seed))}")
-  if spec.scores:
-    args.append(f"forget_scores={run_dir(workdir, Cell(spec.scores, cell.noise, cell.seed))}")
-  cfg = config_lib.load_config_file(config_name, ",".join(a for a in args if a))
+  if entry.start:
+    args.append(f"init={run_dir(workdir, Cell(entry.start, cell.noise, cell.seed))}")
+  if entry.scores:
+    args.append(f"forget_scores={run_dir(workdir, Cell(entry.scores, cell.noise, cell.seed))}")
+  cfg = config_lib.load_config_file(entry.config, ",".join(a for a in args if a))
   with cfg.unlocked():
-    if bench.epochs and config_name == "ncu":   # its prompt epochs, then `epochs` of unlearning
-      cfg.num_epochs = int(cfg.method.epochs_prompt) + int(bench.epochs)
     cfg.seed = cell.seed
     cfg.noise.seed = cell.seed
     cfg.input.shuffle_seed = cell.seed
@@ -172,7 +125,8 @@ def flat_metrics(results: dict) -> dict:
 def run_cell(bench, cell: Cell, workdir: str) -> dict:
   """Train and evaluate one cell (resuming a killed run), or load it if finished; returns its record."""
   from ncjax import train
-  from ncjax.evals import finite_or_none, runner
+  from ncjax import evaluation
+  from ncjax.evals import finite_or_none
   out = run_dir(workdir, cell)
   done = os.path.join(out, "cell.json")
   if os.path.isfile(done):
@@ -181,7 +135,7 @@ def run_cell(bench, cell: Cell, workdir: str) -> dict:
   cfg = cell_config(bench, cell, workdir)
   t0 = time.perf_counter()
   result = train.train(cfg, out)
-  results = runner.final_evaluation(cfg, result, out)
+  results = evaluation.final(cfg, result, out)
   record = dict(method=cell.method, noise=cell.noise, seed=cell.seed,
                 noise_sha256=result.experiment.train_data.noise_sha256,
                 steps_per_epoch=int(result.experiment.steps_per_epoch), seconds=round(time.perf_counter() - t0, 1),
@@ -274,7 +228,7 @@ def _percent(x) -> str:
 
 
 def write_plots(rows: list[dict], records: list[dict], workdir: str) -> list[str]:
-  from ncjax.contract import latest_clean_scores
+  from ncjax.data.scores import latest_clean_scores
   from ncjax.evals import plots
   paths = []
   for key in KEY_METRICS:
@@ -325,7 +279,7 @@ def run(config, workdir: str, log=print) -> dict:
   check_same_noise(records)
   rows = aggregate(records)
   write_csv(records, os.path.join(workdir, "results.csv"))
-  reference = bench.get("reference", "")
+  reference = bench.reference
   table = format_markdown(rows, reference)
   with open(os.path.join(workdir, "results.md"), "w") as f:
     f.write(f"NC-bench on {bench.data}: mean ± std over {int(bench.seeds)} seed(s); zero-shot in %, rsum in "

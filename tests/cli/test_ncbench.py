@@ -73,7 +73,7 @@ def test_compositions_start_from_their_cells_run_and_ncu_budget_is_its_unlearnin
   assert [c.method for c in cells] == ["gsc", "bayes", "gsc_then_ncu", "bayes_then_ncu"]
   run = ncbench.cell_config(cfg.bench, cells[2], "/tmp/b")
   assert run.method.name == "ncu" and run.method.init_from == "/tmp/b/runs/gsc_noise0.4_seed0"
-  assert run.num_epochs == run.method.epochs_prompt + 3
+  assert run.num_epochs == 3   # num_epochs: the main (unlearning) stage, after the prompt stage's own epochs
   assert ncbench.cell_config(cfg.bench, cells[0], "/tmp/b").num_epochs == 3
 
 
@@ -114,3 +114,23 @@ def test_clean_reference_runs_once_per_seed_and_the_table_shows_what_each_method
   assert "80%" in table and "-33%" in table and "50%" in table
   clean_row = next(line for line in table.splitlines() if "|    0% |" in line)
   assert "nan" not in table and clean_row.split("|")[-4].strip() == "-", table   # AUC column of the clean run
+
+
+def test_every_row_s_config_accepts_the_arguments_nc_bench_passes():
+  """ncjax.config_lib.BENCH_ARGUMENTS: a method's rows are derived from the registry, so each row's config must
+  take what cell_config passes it; loading each with all of them is what NC-bench does."""
+  from ncjax import config_lib
+  for name, entry in ncbench.methods().items():
+    kinds = ["every"] + (["two_tower"] if entry.model_kind == "two_tower" else []) + \
+            (["start"] if entry.start else []) + (["scores"] if entry.scores else [])
+    values = dict(data="digits" if entry.model_kind == "two_tower" else "precomp_synthetic", noise="0.4",
+                  epochs="2", batch="64", model="micro", init="/tmp/run", forget_scores="/tmp/scores")
+    args = [entry.args] + [f"{k}={values[k]}" for kind in kinds for k in config_lib.BENCH_ARGUMENTS[kind]]
+    cfg = config_lib.load_config_file(entry.config, ",".join(a for a in args if a))
+    assert cfg.num_epochs == 2 and cfg.input.global_batch_size == 64 and cfg.noise.ratio == 0.4, name
+    if entry.model_kind == "two_tower":
+      assert cfg.model.size == "micro", name
+    if entry.start:
+      assert cfg.method.init_from == "/tmp/run", name
+    if entry.scores:
+      assert cfg.method.forget_scores == "/tmp/scores", name
