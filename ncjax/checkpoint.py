@@ -17,6 +17,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ncjax import fileio
+
 log = logging.getLogger("ncjax")
 
 # Orbax's replica-parallel save splits every replicated array (parameters, optimiser moments on a data-parallel
@@ -57,17 +59,21 @@ class CheckpointWriteError(OSError):
 
 
 def ensure_writable(workdir: str, needed_bytes: int = 0):
-  """Fail before training if `workdir` cannot take files, or has less free space than one checkpoint needs."""
+  """Fail before training if `workdir` cannot take files, or (a local disk) has less free space than one
+  checkpoint needs. An object store (gs://) is probed by writing and deleting one small object."""
   try:
-    os.makedirs(workdir, exist_ok=True)
-    probe = os.path.join(workdir, f".ncjax-write-probe-{os.getpid()}")
-    with open(probe, "wb") as f:
-      f.write(b"0")
-    os.remove(probe)
-  except OSError as e:
-    raise CheckpointWriteError(e.errno, f"workdir {workdir} is not writable ({e.strerror}); checkpoints, "
-                               f"metrics.jsonl and evaluation results go there: choose another --workdir or fix "
-                               f"its permissions") from None
+    fileio.makedirs(workdir)
+    probe = fileio.join(workdir, f".ncjax-write-probe-{os.getpid()}")
+    fileio.write_bytes(probe, b"0")
+    fileio.remove(probe)
+  except Exception as e:  # OSError locally; the object store's client raises its own errors
+    reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:300]
+    raise CheckpointWriteError(getattr(e, "errno", None) or errno.EIO,
+                               f"workdir {workdir} is not writable ({reason}); checkpoints, metrics.jsonl and "
+                               f"evaluation results go there: choose another --workdir or fix its permissions "
+                               f"(gs://: the bucket, its credentials and the network)") from None
+  if fileio.is_remote(workdir):
+    return
   free = shutil.disk_usage(workdir).free
   if needed_bytes and free < needed_bytes:
     raise CheckpointWriteError(errno.ENOSPC, f"workdir {workdir} has {free / 2**20:.1f} MiB free, but one "
@@ -95,7 +101,7 @@ class Checkpointer:
   """Save every `every_steps` (and at the end), keep `keep`, restore the latest (auto-resume)."""
 
   def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
-    self.directory = os.path.abspath(directory)
+    self.directory = fileio.absolute(directory)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep if keep and keep > 0 else None,
                                            enable_async_checkpointing=async_save, create=True,
                                            # a run killed mid-save leaves STEP.orbax-checkpoint-tmp: removed here
@@ -121,13 +127,18 @@ class Checkpointer:
           from e
 
   def _write_error(self, e: Exception, what: str) -> CheckpointWriteError:
-    finished = self.manager.all_steps(read=True) if os.path.isdir(self.directory) else []
+    try:
+      finished = self.manager.all_steps(read=True) if fileio.isdir(self.directory) else []
+    except Exception:   # the storage itself is gone (a dead object store): say so rather than raise again
+      finished = []
     kept = (f"the last complete checkpoint (step {max(finished)}) is intact and a re-run resumes from it"
-            if finished else "no complete checkpoint exists yet")
+            if finished else "the checkpoints written before it are intact (orbax finalises a step only once "
+            "it is whole) and a re-run resumes from the latest")
     code = _errno_of(e)
     reason = os.strerror(code) if code else str(e).splitlines()[0][:300]
-    return CheckpointWriteError(code or errno.EIO, f"{what} to {self.directory} failed: {reason} (disk full, "
-                                f"quota or file-size limit, or a read-only filesystem?); {kept}")
+    where = ("the object store unreachable, or the bucket's permissions?" if fileio.is_remote(self.directory) else
+             "disk full, quota or file-size limit, or a read-only filesystem?")
+    return CheckpointWriteError(code or errno.EIO, f"{what} to {self.directory} failed: {reason} ({where}); {kept}")
 
   def read_meta(self, step: int) -> dict:
     out = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(),
@@ -192,17 +203,17 @@ def check_state_shapes(ckpt: Checkpointer, step: int, abstract_state):
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(workdir, "checkpoints")
+  return fileio.join(workdir, "checkpoints")
 
 
 def _locate(path: str) -> tuple[str, int | None]:
-  path = os.path.abspath(path)
-  base = os.path.basename(path.rstrip("/"))
-  if base.isdigit() and os.path.isdir(os.path.join(path, "state")):
-    return os.path.dirname(path), int(base)
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    return os.path.join(path, "checkpoints"), None
-  if os.path.isdir(path):
+  path = fileio.absolute(path)
+  base = fileio.basename(path)
+  if base.isdigit() and fileio.isdir(fileio.join(path, "state")):
+    return fileio.dirname(path), int(base)
+  if fileio.isdir(fileio.join(path, "checkpoints")):
+    return fileio.join(path, "checkpoints"), None
+  if fileio.isdir(path):
     return path, None
   raise FileNotFoundError(f"no checkpoint directory at {path} (expected WORKDIR, WORKDIR/checkpoints or "
                           f"WORKDIR/checkpoints/STEP)")

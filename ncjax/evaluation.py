@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 
 import jax
 
 from ncjax import checkpoint as ckpt_lib
-from ncjax import config_lib, evals, experiment, tokenizers
+from ncjax import config_lib, evals, experiment, fileio, tokenizers
 from ncjax import sharding as shard_lib
 from ncjax.data.pipeline import training_pairs_from_config
 
@@ -42,7 +41,7 @@ class Evaluation:
     config = experiment.resolve_config(config)   # a pretrained init_from's preprocessing, as the run's
     return cls(config, model_spec=exp.model_spec, tokenizer=exp.tokenizer, mesh=exp.mesh, method=exp.method,
                pairs=exp.train_data.pairs(), out_dir=eval_dir(config, exp.config, workdir),
-               info=dict(workdir=os.path.abspath(workdir), noise_sha256=exp.train_data.noise_sha256,
+               info=dict(workdir=fileio.absolute(workdir), noise_sha256=exp.train_data.noise_sha256,
                          dataset=config.input.dataset))
 
   def check(self) -> None:
@@ -61,13 +60,12 @@ class Evaluation:
     chosen = {k: v for k, v in self.evaluators.items() if names is None or k in names}
     results = evals.run_evaluators(chosen, eval_model)
     if write and jax.process_index() == 0 and results and self.out_dir:
-      os.makedirs(self.out_dir, exist_ok=True)
       spec = self.context.model
       model = f"{self.method.name}:{spec.pretrained or spec.size}"
       records = evals.clip_benchmark_records(results, chosen, model=model, dataset=self.config.input.dataset)
-      with open(os.path.join(self.out_dir, f"step_{step}.json"), "w") as f:
-        json.dump(evals.finite_or_none(dict(step=step, method=self.method.name, **self.info, results=results,
-                                            records=records)), f, indent=1, allow_nan=False)
+      fileio.write_text(fileio.join(self.out_dir, f"step_{step}.json"), json.dumps(evals.finite_or_none(dict(
+          step=step, method=self.method.name, **self.info, results=results, records=records)), indent=1,
+          allow_nan=False))
     return results
 
   def periodic(self, step: int, state, writer) -> None:
@@ -83,9 +81,9 @@ def eval_dir(config, run_config, workdir: str) -> str:
   data (`ncjax eval --config=... --config.input.data_dir=...`), so no dataset overwrites another's results."""
   own, asked = run_config.input, config.input
   if (asked.dataset, asked.data_dir) == (own.dataset, own.data_dir):
-    return os.path.join(workdir, "eval")
-  slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{asked.dataset}_{os.path.basename(asked.data_dir.rstrip('/'))}")
-  return os.path.join(workdir, "eval", slug.strip("_"))
+    return fileio.join(workdir, "eval")
+  slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{asked.dataset}_{fileio.basename(asked.data_dir)}")
+  return fileio.join(workdir, "eval", slug.strip("_"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -177,7 +175,7 @@ def evaluate_checkpoint(config, workdir: str, step: int):
            if _needs_training_pairs(cfg) else None)
   evaluation = Evaluation(cfg, model_spec=resolved.model, tokenizer=tokenizer, mesh=mesh, method=method,
                           pairs=pairs, out_dir=eval_dir(cfg, own, workdir),
-                          info=dict(workdir=os.path.abspath(workdir), noise_sha256=meta.get("noise_sha256"),
+                          info=dict(workdir=fileio.absolute(workdir), noise_sha256=meta.get("noise_sha256"),
                                     dataset=cfg.input.dataset))
   return evaluation.run(step, state), meta
 
@@ -199,5 +197,5 @@ def evaluate_pretrained(config, spec: str, output: str) -> dict:
   params = resolved.init.overlay(jax.jit(method.init_params, out_shardings=param_sh)(), method.abstract_params(),
                                  param_sh)
   evaluation = Evaluation(config, model_spec=resolved.model, tokenizer=tokenizer, mesh=mesh, method=method,
-                          out_dir=os.path.join(output, "eval"), info=dict(init=spec))
+                          out_dir=fileio.join(output, "eval"), info=dict(init=spec))
   return evaluation.run(0, dict(params=params))

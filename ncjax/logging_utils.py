@@ -1,16 +1,25 @@
 """Metrics output: JSONL in the workdir (process 0 only), optional TensorBoard, and a progress display with
-throughput and ETA (a live bar on a terminal, periodic lines otherwise)."""
+throughput and ETA (a live bar on a terminal, periodic lines otherwise).
+
+A workdir in object storage (gs://) has no append: the writer keeps `metrics.jsonl` and the TensorBoard events in
+a local staging directory and uploads them whole (`flush`: every `upload_every_s` seconds, after every checkpoint,
+and at the end), so the remote copy is always a whole file holding every row up to its upload — as MaxText does
+with its metrics file. A resumed run downloads it first and cuts it back to the checkpoint's step."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import jax
 import numpy as np
+
+from ncjax import fileio
 
 
 def _jsonable(v):
@@ -55,21 +64,36 @@ def truncate_after(path: str, step: int) -> int:
 
 
 class MetricWriter:
-  """Append-only JSONL (`metrics.jsonl`) plus optional TensorBoard; silent on processes other than 0."""
+  """Append-only JSONL (`metrics.jsonl`) plus optional TensorBoard; silent on processes other than 0. A remote
+  workdir is written through a local staging directory, uploaded whole by `flush()`."""
 
   def __init__(self, workdir: str, tensorboard: bool = False, filename: str = "metrics.jsonl",
-               resume_step: int | None = None):
+               resume_step: int | None = None, upload_every_s: float = 30.0):
     self.active = jax.process_index() == 0
-    self.path = os.path.join(workdir, filename)
+    self.remote = fileio.is_remote(workdir)
+    self.workdir, self.filename, self.upload_every_s = workdir, filename, upload_every_s
     self.tb = None
-    if self.active:
+    self._staging = None
+    self._last_upload = time.monotonic()
+    if not self.active:
+      return
+    if self.remote:
+      self._staging = tempfile.mkdtemp(prefix="ncjax-metrics-")
+      local_dir = self._staging
+      remote_file = fileio.join(workdir, filename)
+      if fileio.exists(remote_file):   # a resumed run continues the uploaded file
+        with open(os.path.join(local_dir, filename), "wb") as f:
+          f.write(fileio.read_bytes(remote_file))
+    else:
+      local_dir = workdir
       os.makedirs(workdir, exist_ok=True)
-      if resume_step is not None:
-        truncate_after(self.path, resume_step)
-      self.file = open(self.path, "a", buffering=1)
-      if tensorboard:
-        from tensorboardX import SummaryWriter  # optional dependency path
-        self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self.path = os.path.join(local_dir, filename)
+    if resume_step is not None:
+      truncate_after(self.path, resume_step)
+    self.file = open(self.path, "a", buffering=1)
+    if tensorboard:
+      from tensorboardX import SummaryWriter  # optional dependency path
+      self.tb = SummaryWriter(os.path.join(local_dir, "tensorboard"))
 
   def write(self, step: int, metrics: dict, kind: str = "train"):
     if not self.active:
@@ -81,12 +105,33 @@ class MetricWriter:
       for k, v in metrics.items():
         if isinstance(v, (int, float, np.floating, np.integer)):
           self.tb.add_scalar(f"{kind}/{k}", float(v), step)
+    if self.remote and time.monotonic() - self._last_upload >= self.upload_every_s:
+      self.flush()
+
+  def flush(self):
+    """Everything written so far reaches the workdir (a remote one: the staged files are uploaded whole)."""
+    if not self.active:
+      return
+    self.file.flush()
+    if self.tb is not None:
+      self.tb.flush()
+    if self.remote:
+      fileio.copy_file(self.path, fileio.join(self.workdir, self.filename))
+      tb_dir = os.path.join(self._staging, "tensorboard")
+      if os.path.isdir(tb_dir):
+        for name in os.listdir(tb_dir):
+          fileio.copy_file(os.path.join(tb_dir, name), fileio.join(self.workdir, "tensorboard", name))
+      self._last_upload = time.monotonic()
 
   def close(self):
     if self.active:
-      self.file.close()
       if self.tb is not None:
         self.tb.close()
+        self.tb = None
+      self.flush()
+      self.file.close()
+      if self._staging:
+        shutil.rmtree(self._staging, ignore_errors=True)
 
 
 def _fmt_time(seconds: float) -> str:

@@ -30,6 +30,11 @@ _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.ini
 _COORDINATOR = flags.DEFINE_string("coordinator_address", "", "host:port of process 0 (multi-process runs)")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", 1, "Number of processes (multi-process runs)")
 _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "This process's index (multi-process runs)")
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout", 100, "Multi-process runs: seconds without a heartbeat after which a process counts as lost "
+    "and every other one stops with an error naming it (jax.distributed's heartbeat timeout)")
+_SHUTDOWN_TIMEOUT = flags.DEFINE_integer(
+    "shutdown_timeout", 300, "Multi-process runs: seconds a finishing process waits for the others at shutdown")
 _UNTIL = flags.DEFINE_integer("until_step", None, "Stop after this global step (the run stays resumable)")
 _CHECKPOINTS = flags.DEFINE_string(
     "checkpoints", None, "eval: comma-separated WORKDIR (every checkpoint of the run), WORKDIR:latest, "
@@ -87,28 +92,30 @@ def _init_jax():
   _quiet_logging()
   if _CPU_DEVICES.value:
     runtime.configure_cpu_devices(_CPU_DEVICES.value)
+  timeouts = dict(heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
+                  shutdown_timeout_seconds=_SHUTDOWN_TIMEOUT.value)
   if _NUM_PROCESSES.value > 1:
     jax.distributed.initialize(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
-                               process_id=_PROCESS_ID.value)
+                               process_id=_PROCESS_ID.value, **timeouts)
   elif _DISTRIBUTED.value:
-    jax.distributed.initialize()
+    jax.distributed.initialize(**timeouts)
   return jax
 
 
 def expand_checkpoints(spec: str) -> list[tuple[str, int]]:
   """'WORKDIR' -> every step; 'WORKDIR:latest'; 'WORKDIR/checkpoints/STEP' or 'WORKDIR/STEP' -> that step."""
-  from ncjax import checkpoint as ckpt_lib
+  from ncjax import checkpoint as ckpt_lib, fileio
   out = []
   for item in [x for x in spec.split(",") if x]:
     latest_only = item.endswith(":latest")
-    path = os.path.abspath(item[:-len(":latest")] if latest_only else item).rstrip("/")
-    base = os.path.basename(path)
+    path = fileio.absolute(item[:-len(":latest")] if latest_only else item)
+    base = fileio.basename(path)
     if base.isdigit():
-      parent = os.path.dirname(path)
-      workdir = os.path.dirname(parent) if os.path.basename(parent) == "checkpoints" else parent
+      parent = fileio.dirname(path)
+      workdir = fileio.dirname(parent) if fileio.basename(parent) == "checkpoints" else parent
       out.append((workdir, int(base)))
       continue
-    workdir = os.path.dirname(path) if base == "checkpoints" else path
+    workdir = fileio.dirname(path) if base == "checkpoints" else path
     manager = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), async_save=False)
     steps = manager.all_steps()
     manager.close()
@@ -134,30 +141,31 @@ def eval_command(config):
     print(f"{workdir} step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in row.items()
                                                   if k.endswith(("acc1", "R@1", "rsum", "auc", "lp_acc1"))))
   if jax.process_index() == 0 and rows:
-    write_summary(rows, _OUTPUT.value or os.path.join(rows[0]["workdir"], "eval"))
+    from ncjax import fileio
+    write_summary(rows, _OUTPUT.value or fileio.join(rows[0]["workdir"], "eval"))
   return rows
 
 
 def write_summary(rows: list[dict], out_dir: str) -> tuple[str, str]:
   import csv
-  os.makedirs(out_dir, exist_ok=True)
+  import io
+  from ncjax import fileio
   keys = list(dict.fromkeys(k for r in rows for k in r))
-  csv_path = os.path.join(out_dir, "summary.csv")
-  with open(csv_path, "w", newline="") as f:
-    w = csv.DictWriter(f, fieldnames=keys)
-    w.writeheader()
-    w.writerows(rows)
-  md_path = os.path.join(out_dir, "summary.md")
+  csv_path = fileio.join(out_dir, "summary.csv")
+  buf = io.StringIO()
+  w = csv.DictWriter(buf, fieldnames=keys)
+  w.writeheader()
+  w.writerows(rows)
+  fileio.write_text(csv_path, buf.getvalue())
+  md_path = fileio.join(out_dir, "summary.md")
   shown = [k for k in keys if k in ("workdir", "step", "method") or k.endswith(
       ("acc1", "mean_per_class_recall", "i2t_R@1", "t2i_R@1", "rsum", "auc", "F_acc", "R_acc"))]
 
   def fmt(v):
     return f"{v:.4f}" if isinstance(v, float) else str(v)
 
-  with open(md_path, "w") as f:
-    f.write("| " + " | ".join(shown) + " |\n|" + "---|" * len(shown) + "\n")
-    for r in rows:
-      f.write("| " + " | ".join(fmt(r.get(k, "")) for k in shown) + " |\n")
+  fileio.write_text(md_path, "| " + " | ".join(shown) + " |\n|" + "---|" * len(shown) + "\n" + "".join(
+      "| " + " | ".join(fmt(r.get(k, "")) for k in shown) + " |\n" for r in rows))
   print(f"summary: {md_path}, {csv_path}")
   return md_path, csv_path
 
@@ -177,23 +185,43 @@ def train_command(config, workdir: str):
 
 
 def export_command():
-  """Write a run's model as an open_clip folder or a Hugging Face CLIPModel directory."""
-  from ncjax import checkpoint as ckpt_lib, config_lib
+  """Write a run's model as an open_clip folder or a Hugging Face CLIPModel directory (a local path or gs://; on
+  several processes every one restores, process 0 writes)."""
+  import jax
+  import tempfile
+  from ncjax import checkpoint as ckpt_lib, config_lib, fileio
   from ncjax import pretrained
   if not _CHECKPOINT.value or not _OUTPUT.value:
     raise app.UsageError("export needs --checkpoint=WORKDIR[:STEP] and --output=DIR")
-  workdir, _, step = _CHECKPOINT.value.partition(":")
-  path = os.path.join(workdir, "checkpoints", step) if step and step != "latest" else workdir
+  workdir, step = _CHECKPOINT.value, ""
+  head, _, tail = workdir.rpartition(":")
+  if head and (tail.isdigit() or tail == "latest"):   # WORKDIR:STEP (a gs:// workdir has a colon of its own)
+    workdir, step = head, tail
+  path = fileio.join(workdir, "checkpoints", step) if step and step != "latest" else workdir
   params, meta, step = ckpt_lib.restore_params(path)
   config = config_lib.from_json_dict(meta["config"])
   if _MODULE.value not in params:
     raise app.UsageError(f"the checkpoint has no module {_MODULE.value!r}; modules: {sorted(params)}")
-  files = pretrained.export(params[_MODULE.value], config.model, _OUTPUT.value, _FORMAT.value,
-                            tokenizer_kind=meta["tokenizer"]["kind"], normalization=config.input.normalization)
+  files = []
+  if jax.process_index() == 0:
+    remote = fileio.is_remote(_OUTPUT.value)
+    local = tempfile.mkdtemp(prefix="ncjax-export-") if remote else _OUTPUT.value
+    files = pretrained.export(params[_MODULE.value], config.model, local, _FORMAT.value,
+                              tokenizer_kind=meta["tokenizer"]["kind"], normalization=config.input.normalization)
+    if remote:   # written locally, then uploaded file by file (each upload is atomic)
+      files = [_upload(f, fileio.join(_OUTPUT.value, os.path.basename(f))) for f in files]
   load = (f"open_clip.create_model_and_transforms('local-dir:{_OUTPUT.value}')" if _FORMAT.value == "open_clip"
           else f"transformers.CLIPModel.from_pretrained('{_OUTPUT.value}')")
-  print(f"exported {workdir} step {step} ({meta['method']}) -> {', '.join(files)}\nload it with {load}")
+  if jax.process_index() == 0:
+    print(f"exported {workdir} step {step} ({meta['method']}) -> {', '.join(files)}\nload it with {load}")
   return files
+
+
+def _upload(local: str, remote: str) -> str:
+  from ncjax import fileio
+  fileio.copy_file(local, remote)
+  os.remove(local)
+  return remote
 
 
 def main(argv):
@@ -203,6 +231,7 @@ def main(argv):
     raise app.UsageError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
   load_plugins(_PLUGINS.value)
   if command == "export":
+    _init_jax()
     export_command()
     return
   if command == "eval":
@@ -223,23 +252,27 @@ def main(argv):
     raise app.UsageError("--workdir is required")
   _init_jax()
   logging.getLogger("ncjax").setLevel(logging.INFO)
-  if command == "ncbench":
-    from ncjax import ncbench
-    ncbench.run(_CONFIG.value, _WORKDIR.value)
-    return
-  if command == "train":
-    from ncjax.checkpoint import CheckpointWriteError
-    from ncjax.evals import EvaluatorConfigError
-    try:
+  from ncjax.checkpoint import CheckpointWriteError
+  from ncjax.evals import EvaluatorConfigError
+  from ncjax.train import PREEMPTED_EXIT_STATUS, Preempted
+  try:
+    if command == "ncbench":
+      from ncjax import ncbench
+      ncbench.run(_CONFIG.value, _WORKDIR.value)
+    else:
       train_command(_CONFIG.value, _WORKDIR.value)
-    except EvaluatorConfigError as e:
-      print(f"ncjax: error: {e}", file=sys.stderr, flush=True)
-      sys.exit(2)
-    except CheckpointWriteError as e:
-      # One clear line, then exit without interpreter shutdown: orbax's writer threads would otherwise bury it
-      # under their own tracebacks. Nothing is lost: metrics are flushed and finished checkpoints are final.
-      print(f"ncjax: error: {e.strerror}", file=sys.stderr, flush=True)
-      os._exit(2)
+  except Preempted as e:
+    # The checkpoint of the step it stopped at is written; the relaunched command resumes there.
+    print(f"ncjax: {e}", file=sys.stderr, flush=True)
+    sys.exit(PREEMPTED_EXIT_STATUS)
+  except EvaluatorConfigError as e:
+    print(f"ncjax: error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
+  except CheckpointWriteError as e:
+    # One clear line, then exit without interpreter shutdown: orbax's writer threads would otherwise bury it
+    # under their own tracebacks. Nothing is lost: metrics are flushed and finished checkpoints are final.
+    print(f"ncjax: error: {e.strerror}", file=sys.stderr, flush=True)
+    os._exit(2)
 
 
 def run():

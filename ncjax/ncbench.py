@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
-import os
 import time
 
 import numpy as np
+
+from ncjax import fileio
 
 def methods() -> dict:
   """{row name: BenchEntry}: every registered method's NC-bench rows (ncjax.methods.Method.bench) — a method added
@@ -114,7 +116,7 @@ def cell_config(bench, cell: Cell, workdir: str):
 
 
 def run_dir(workdir: str, cell: Cell) -> str:
-  return os.path.join(workdir, "runs", cell.name)
+  return fileio.join(workdir, "runs", cell.name)
 
 
 def flat_metrics(results: dict) -> dict:
@@ -122,16 +124,27 @@ def flat_metrics(results: dict) -> dict:
           if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def is_finished(workdir: str, cell: Cell) -> bool:
+  """Whether the cell's record exists — process 0's view, broadcast, so that every process of a multi-process
+  sweep skips or trains the same cells (a process that skipped a cell the others train would hang them)."""
+  import jax
+  done = fileio.isfile(fileio.join(run_dir(workdir, cell), "cell.json")) if jax.process_index() == 0 else False
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    done = bool(multihost_utils.broadcast_one_to_all(np.asarray(done)))
+  return done
+
+
 def run_cell(bench, cell: Cell, workdir: str) -> dict:
-  """Train and evaluate one cell (resuming a killed run), or load it if finished; returns its record."""
-  from ncjax import train
-  from ncjax import evaluation
+  """Train and evaluate one cell (resuming a killed run), or load it if finished; returns its record. The record
+  is written by process 0 only, atomically, last: a cell counts as done only once it is whole."""
+  import jax
+  from ncjax import evaluation, train
   from ncjax.evals import finite_or_none
   out = run_dir(workdir, cell)
-  done = os.path.join(out, "cell.json")
-  if os.path.isfile(done):
-    with open(done) as f:
-      return json.load(f)
+  done = fileio.join(out, "cell.json")
+  if is_finished(workdir, cell):
+    return json.loads(fileio.read_text(done))
   cfg = cell_config(bench, cell, workdir)
   t0 = time.perf_counter()
   result = train.train(cfg, out)
@@ -140,10 +153,8 @@ def run_cell(bench, cell: Cell, workdir: str) -> dict:
                 noise_sha256=result.experiment.train_data.noise_sha256,
                 steps_per_epoch=int(result.experiment.steps_per_epoch), seconds=round(time.perf_counter() - t0, 1),
                 metrics=flat_metrics(results))
-  tmp = done + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(finite_or_none(record), f, indent=1, allow_nan=False)
-  os.replace(tmp, done)   # a cell counts as done only once its record is whole
+  if jax.process_index() == 0:
+    fileio.write_text(done, json.dumps(finite_or_none(record), indent=1, allow_nan=False))
   return record
 
 
@@ -175,12 +186,13 @@ def aggregate(records: list[dict]) -> list[dict]:
 
 def write_csv(records: list[dict], path: str) -> str:
   keys = sorted({k for r in records for k in r["metrics"]})
-  with open(path, "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["method", "noise", "seed", "noise_sha256", "seconds"] + keys)
-    for r in records:
-      w.writerow([r["method"], r["noise"], r["seed"], r["noise_sha256"], r["seconds"]]
-                 + [r["metrics"].get(k, "") for k in keys])
+  buf = io.StringIO()
+  w = csv.writer(buf)
+  w.writerow(["method", "noise", "seed", "noise_sha256", "seconds"] + keys)
+  for r in records:
+    w.writerow([r["method"], r["noise"], r["seed"], r["noise_sha256"], r["seconds"]]
+               + [r["metrics"].get(k, "") for k in keys])
+  fileio.write_text(path, buf.getvalue())
   return path
 
 
@@ -239,7 +251,7 @@ def write_plots(rows: list[dict], records: list[dict], workdir: str) -> list[str
         x, mean, std = zip(*pts)
         series[method] = (x, mean, std)
     if series:
-      path = os.path.join(workdir, f"metric_vs_noise_{key.replace('/', '_')}.png")
+      path = fileio.join(workdir, f"metric_vs_noise_{key.replace('/', '_')}.png")
       paths.append(plots.plot_metric_vs_noise(series, path, key))
   for noise in sorted({r["noise"] for r in records}):
     curves = {}
@@ -248,29 +260,32 @@ def write_plots(rows: list[dict], records: list[dict], workdir: str) -> list[str
         continue
       found = latest_clean_scores(run_dir(workdir, Cell(r["method"], r["noise"], r["seed"])))
       if found:
-        data = np.load(found)
+        data = fileio.load_npz(found)
         if (~data["clean"]).any() and data["clean"].any():
           curves[r["method"]] = (data["scores"], data["clean"])
     if curves:
-      paths.append(plots.plot_roc_curves(curves, os.path.join(workdir, f"roc_noise{noise:g}.png"),
+      paths.append(plots.plot_roc_curves(curves, fileio.join(workdir, f"roc_noise{noise:g}.png"),
                                          f"noise detection at {noise:.0%} noise (seed 0)"))
   return paths
 
 
 def run(config, workdir: str, log=print) -> dict:
-  """The whole sweep (resumable); returns {'records', 'rows', 'table', 'plots'}."""
+  """The whole sweep (resumable); returns {'records', 'rows', 'table', 'plots'}. On several processes every one
+  trains every cell together; the tables and plots are written by process 0."""
+  import jax
   bench = config.bench
   cells = cells_of(bench)
-  os.makedirs(workdir, exist_ok=True)
+  fileio.makedirs(workdir)
+  finished_before = {c.name: is_finished(workdir, c) for c in cells}
   records, t_start, trained = [], time.perf_counter(), 0
   for k, cell in enumerate(cells):
-    finished = os.path.isfile(os.path.join(run_dir(workdir, cell), "cell.json"))
+    finished = finished_before[cell.name]
     t0 = time.perf_counter()
     records.append(run_cell(bench, cell, workdir))
     if not finished:
       trained += 1
     per_cell = (time.perf_counter() - t_start) / max(trained, 1)
-    remaining = sum(1 for c in cells[k + 1:] if not os.path.isfile(os.path.join(run_dir(workdir, c), "cell.json")))
+    remaining = sum(1 for c in cells[k + 1:] if not finished_before[c.name])
     eta = per_cell * remaining
     took = "done before" if finished else f"{time.perf_counter() - t0:.0f}s"
     # no run trained yet in this invocation: nothing to estimate from
@@ -278,15 +293,17 @@ def run(config, workdir: str, log=print) -> dict:
     log(f"[ncbench] {k + 1}/{len(cells)} {cell.name}: {took} | ETA {eta_text}")
   check_same_noise(records)
   rows = aggregate(records)
-  write_csv(records, os.path.join(workdir, "results.csv"))
   reference = bench.reference
   table = format_markdown(rows, reference)
-  with open(os.path.join(workdir, "results.md"), "w") as f:
-    f.write(f"NC-bench on {bench.data}: mean ± std over {int(bench.seeds)} seed(s); zero-shot in %, rsum in "
-            f"points, noise AUC of each method's clean score"
-            + (f"; recovered: the share of the metric's drop from {reference} on clean captions to "
-               f"{reference} at that noise that the method wins back" if reference else "") + f"\n\n{table}\n")
-  paths = write_plots(rows, records, workdir)
+  paths = []
+  if jax.process_index() == 0:
+    write_csv(records, fileio.join(workdir, "results.csv"))
+    fileio.write_text(fileio.join(workdir, "results.md"), (
+        f"NC-bench on {bench.data}: mean ± std over {int(bench.seeds)} seed(s); zero-shot in %, rsum in "
+        f"points, noise AUC of each method's clean score"
+        + (f"; recovered: the share of the metric's drop from {reference} on clean captions to "
+           f"{reference} at that noise that the method wins back" if reference else "") + f"\n\n{table}\n"))
+    paths = write_plots(rows, records, workdir)
   log(table)
   log(f"results.csv, results.md and {len(paths)} plots under {workdir}")
   return dict(records=records, rows=rows, table=table, plots=paths)

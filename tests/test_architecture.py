@@ -14,14 +14,15 @@ PKG = os.path.join(ROOT, "ncjax")
 # the top-level modules and sub-packages of ncjax; 'ncjax' is the package root (its __version__).
 ALLOWED = {
     "registry": set(), "numerics": set(), "contract": set(), "config_lib": set(), "runtime": set(),
-    "sharding": set(), "logging_utils": set(), "checkpoint": set(), "options": set(),
+    "sharding": set(), "options": set(), "fileio": set(),
+    "logging_utils": {"fileio"}, "checkpoint": {"fileio"},
     "tokenizers": {"registry"},
     "models": {"registry", "numerics", "contract"},
     "ot": {"registry", "numerics"},
     "samplers": {"numerics"},
     "losses": {"models", "ot", "samplers", "numerics", "registry", "sharding", "options"},
-    "data": {"models", "tokenizers", "sharding", "registry", "numerics"},
-    "evals": {"data", "models", "sharding", "contract", "registry", "numerics"},
+    "data": {"models", "tokenizers", "sharding", "registry", "numerics", "fileio"},
+    "evals": {"data", "models", "sharding", "contract", "registry", "numerics", "fileio"},
     "optim": {"contract"},
     "methods": {"losses", "models", "ot", "samplers", "contract", "registry", "numerics", "options"},
     # ncjax.pretrained (imports / exports checkpoints): its own layer above models and data, below experiment.

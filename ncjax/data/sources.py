@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
-import os
 
 import numpy as np
 
+from ncjax import fileio
 from ncjax.data import preprocess, readers, tfds_builders
 from ncjax.data.types import PairSplit
 
@@ -63,17 +64,16 @@ def parse_tfds_name(dataset: str) -> tuple[str, str | None]:
 def load_tfds_split(dataset: str, data_dir: str, split: str) -> PairSplit:
   name, config = parse_tfds_name(dataset)
   builder = tfds_builders.builder_for(name, config, data_dir)
-  index_path = os.path.join(builder.data_dir, tfds_builders.INDEX_FILE)
-  if not os.path.isfile(index_path):
+  index_path = fileio.join(str(builder.data_dir), tfds_builders.INDEX_FILE)
+  if not fileio.isfile(index_path):
     raise readers.DataFormatError(
         f"dataset {name}/{config or 'default'} is not built under {data_dir or '~/tensorflow_datasets'} "
         f"(no {index_path}); build it first: python -m ncjax.data.build --dataset={name}"
         f"{'/' + config if config else ''} --manual_dir=<your files> --data_dir={data_dir or '<dir>'}")
   if split not in builder.info.splits:
     raise readers.DataFormatError(f"{name}/{config}: no split {split!r}; built splits: {list(builder.info.splits)}")
-  index = np.load(index_path)
-  with open(os.path.join(builder.data_dir, "ncjax_captions.json"), encoding="utf-8") as f:
-    tables = json.load(f)
+  index = np.load(io.BytesIO(fileio.read_bytes(index_path)))   # a local path or gs://
+  tables = json.loads(fileio.read_text(fileio.join(str(builder.data_dir), "ncjax_captions.json")))
   captions = tables[split]
   meta = {"subreddit": tables[f"{split}:subreddit"]} if f"{split}:subreddit" in tables else None
   ds = builder.as_data_source(split=split)
@@ -92,10 +92,9 @@ def load_tfds_split(dataset: str, data_dir: str, split: str) -> PairSplit:
   if f"{split}/clean" in index.files:       # a ground-truth clean flag per pair (diagnostics only)
     pair_clean = index[f"{split}/clean"] > 0
   vocabulary = None
-  vocab_path = os.path.join(builder.data_dir, tfds_builders.VOCAB_FILE)
-  if os.path.isfile(vocab_path):    # NCR's precomp vocabulary, kept at build time
-    with open(vocab_path, encoding="utf-8") as f:
-      vocabulary = tuple(json.load(f)["words"])
+  vocab_path = fileio.join(str(builder.data_dir), tfds_builders.VOCAB_FILE)
+  if fileio.isfile(vocab_path):    # NCR's precomp vocabulary, kept at build time
+    vocabulary = tuple(json.loads(fileio.read_text(vocab_path))["words"])
   return PairSplit(images=images, captions=captions, caption_to_image=index[f"{split}/caption_to_image"],
                    image_labels=labels, class_names=class_names or (), name=f"{name}/{config or 'default'}/{split}",
                    image_meta=meta, pair_clean=pair_clean, vocabulary=vocabulary)

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from ncjax import fileio
 
 
 def _pyplot():
@@ -21,8 +21,7 @@ def _finish(plt, fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> st
   ax.set_title(title)
   ax.legend()
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=120)
+  fileio.save_figure(fig, path, dpi=120)   # a local path or gs://
   plt.close(fig)
   return path
 

@@ -1,0 +1,155 @@
+"""Files of a run under a local path or in object storage (`gs://bucket/path`): every writer and reader of run
+outputs (metrics, evaluation results, plots, score files, NC-bench tables, exports) goes through this module.
+
+Local paths use `os` (atomic writes by temporary file + rename); anything with a scheme (`gs://...`) goes through
+etils' `epath` (gcsfs under the hood: credentials from the environment, `STORAGE_EMULATOR_HOST` for a local test
+server). An object store has no append and no rename: an object is written whole, atomically, by one upload — so
+`write_*` of a remote path is already atomic, and an append-only log is kept locally and uploaded whole
+(`ncjax.logging_utils.MetricWriter`). Orbax checkpoints reach GCS through tensorstore's own driver
+(`ncjax.checkpoint`). A leaf module: nothing of ncjax is imported.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import shutil
+import tempfile
+
+
+def is_remote(path: str) -> bool:
+  """True for `scheme://...` paths (gs://, s3://, ...), False for local paths."""
+  return "://" in str(path)
+
+
+def _epath(path: str):
+  from etils import epath
+  return epath.Path(path)
+
+
+def join(base: str, *parts: str) -> str:
+  return posixpath.join(str(base), *parts) if is_remote(base) else os.path.join(base, *parts)
+
+
+def dirname(path: str) -> str:
+  return posixpath.dirname(str(path).rstrip("/")) if is_remote(path) else os.path.dirname(path)
+
+
+def basename(path: str) -> str:
+  return posixpath.basename(str(path).rstrip("/")) if is_remote(path) else os.path.basename(path)
+
+
+def absolute(path: str) -> str:
+  """An absolute local path; a remote path as it is (`os.path.abspath('gs://b/x')` is the local 'CWD/gs:/b/x')."""
+  return str(path).rstrip("/") if is_remote(path) else os.path.abspath(path)
+
+
+def exists(path: str) -> bool:
+  return _epath(path).exists() if is_remote(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+  return _epath(path).is_dir() if is_remote(path) else os.path.isdir(path)
+
+
+def isfile(path: str) -> bool:
+  return _epath(path).is_file() if is_remote(path) else os.path.isfile(path)
+
+
+def listdir(path: str) -> list[str]:
+  if is_remote(path):
+    return sorted(p.name for p in _epath(path).iterdir())
+  return sorted(os.listdir(path))
+
+
+def makedirs(path: str) -> None:
+  """A directory and its parents (on an object store: nothing to create, prefixes exist with their objects)."""
+  if is_remote(path):
+    _epath(path).mkdir(parents=True, exist_ok=True)
+  else:
+    os.makedirs(path, exist_ok=True)
+
+
+def remove(path: str) -> None:
+  if is_remote(path):
+    _epath(path).unlink()
+  else:
+    os.remove(path)
+
+
+def rmtree(path: str) -> None:
+  if is_remote(path):
+    _epath(path).rmtree(missing_ok=True)
+  else:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def open_file(path: str, mode: str = "r", **kwargs):
+  """A file object for reading or writing; remote writes upload when the file is closed."""
+  return _epath(path).open(mode, **kwargs) if is_remote(path) else open(path, mode, **kwargs)
+
+
+def read_bytes(path: str) -> bytes:
+  if is_remote(path):
+    return _epath(path).read_bytes()
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def read_text(path: str, encoding: str = "utf-8") -> str:
+  return read_bytes(path).decode(encoding)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Write a whole file atomically: a reader sees the old file or the new one, never a part (local: temporary file
+  in the same directory, fsync, rename; remote: one upload, which an object store makes atomic)."""
+  if is_remote(path):
+    makedirs(dirname(path))
+    _epath(path).write_bytes(data)
+    return
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.tmp-")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def write_text(path: str, text: str, encoding: str = "utf-8") -> None:
+  write_bytes(path, text.encode(encoding))
+
+
+def copy_file(src: str, dst: str) -> None:
+  """Copy one file between any two places (local or remote), atomically at the destination."""
+  write_bytes(dst, read_bytes(src))
+
+
+def save_npz(path: str, **arrays) -> None:
+  """np.savez_compressed to any path."""
+  import numpy as np
+  buf = io.BytesIO()
+  np.savez_compressed(buf, **arrays)
+  write_bytes(path, buf.getvalue())
+
+
+def load_npz(path: str) -> dict:
+  """The arrays of an .npz file at any path, loaded into memory."""
+  import numpy as np
+  with np.load(io.BytesIO(read_bytes(path))) as data:
+    return {k: data[k] for k in data.files}
+
+
+def save_figure(fig, path: str, **kwargs) -> None:
+  """A matplotlib figure as an image file (the format from the path's extension) at any path."""
+  buf = io.BytesIO()
+  fmt = os.path.splitext(path)[1].lstrip(".") or "png"
+  fig.savefig(buf, format=fmt, **kwargs)
+  write_bytes(path, buf.getvalue())
