@@ -158,7 +158,10 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1))
 
-  c.ckpt = ml_collections.ConfigDict(dict(every_steps=0, keep=3, async_save=True, save_at_end=True))
+  # Periodic checkpoints every `every_steps` steps and every `every_minutes` of wall-clock time (0: off), keeping
+  # the last `keep`; a preemption (SIGTERM) always saves the step it stops at.
+  c.ckpt = ml_collections.ConfigDict(dict(every_steps=0, every_minutes=5.0, keep=3, async_save=True,
+                                          save_at_end=True))
 
   c.log = ml_collections.ConfigDict(dict(every_steps=10, tensorboard=False, progress=True))
   return c

@@ -17,6 +17,8 @@ import dataclasses
 import functools
 import logging
 import math
+import signal
+import threading
 import time
 
 import jax
@@ -34,6 +36,86 @@ from ncjax.experiment import Experiment, build_experiment
 from ncjax.logging_utils import MetricWriter, Progress
 
 log = logging.getLogger("ncjax")
+
+# The exit status of a run stopped by a preemption after saving its checkpoint (BSD's EX_TEMPFAIL: "try again
+# later"): relaunching the same command resumes it. launch/slurm.sbatch requeues on it.
+PREEMPTED_EXIT_STATUS = 75
+
+
+class Preempted(Exception):
+  """Training stopped at `step` for a preemption (SIGTERM: TPU maintenance, `scancel`, SLURM's --signal,
+  Kubernetes), after the checkpoint of that step was written: relaunch the same command to resume."""
+
+  def __init__(self, step: int, workdir: str):
+    super().__init__(f"preempted: saved the checkpoint of step {step} in {workdir}; relaunch the same command to "
+                     f"resume (exit status {PREEMPTED_EXIT_STATUS})")
+    self.step = step
+
+
+class PreemptionWatch:
+  """Whether a preemption was asked for, agreed by every process at the same step.
+
+  Under `jax.distributed` jax's preemption service catches SIGTERM in any process and
+  `multihost_utils.reached_preemption_sync_point(step)` turns True on every process at the same later step (it must
+  be called at every step, by every process). A single process has no such service: a SIGTERM handler sets a flag.
+  SIGUSR1 (what some schedulers send ahead of a time limit) is turned into a SIGTERM to this process."""
+
+  def __init__(self):
+    from jax._src import distributed
+    self.synced = jax.process_count() > 1 and distributed.global_state.preemption_sync_manager is not None
+    self._flag = threading.Event()
+    self._previous = {}
+    if threading.current_thread() is not threading.main_thread():
+      return   # signal handlers can only be installed from the main thread (a trainer run in a thread: no watch)
+    if not self.synced:
+      self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_term)
+    self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_usr1)
+
+  def _on_term(self, signum, frame):
+    del signum, frame
+    if not self._flag.is_set():
+      log.warning("SIGTERM: saving a checkpoint at the end of this step, then stopping")
+    self._flag.set()
+
+  def _on_usr1(self, signum, frame):
+    del signum, frame
+    import os
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  def reached(self, step: int) -> bool:
+    if self.synced:
+      from jax.experimental import multihost_utils
+      return bool(multihost_utils.reached_preemption_sync_point(step))
+    return self._flag.is_set()
+
+  def close(self):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
+
+
+class SaveSchedule:
+  """When the loop saves a periodic checkpoint: every `ckpt.every_steps` steps and every `ckpt.every_minutes`
+  minutes of wall-clock time (0 turns either off). Process 0's clock decides for every process (broadcast), so all
+  processes save the same step."""
+
+  def __init__(self, every_steps: int, every_minutes: float, clock=time.monotonic):
+    self.every_steps, self.every_s, self.clock = int(every_steps), 60.0 * float(every_minutes), clock
+    self.last = clock()
+
+  def due(self, step: int) -> bool:
+    if self.every_steps and step % self.every_steps == 0:
+      return True
+    if not self.every_s:
+      return False
+    late = self.clock() - self.last >= self.every_s
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      late = bool(multihost_utils.broadcast_one_to_all(np.asarray(late)))
+    return late
+
+  def saved(self):
+    self.last = self.clock()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -257,6 +339,9 @@ class Trainer:
     last_metrics: dict = {}
     t_last, n_last = time.perf_counter(), start
     skipped = 0
+    schedule = SaveSchedule(cfg.ckpt.every_steps, cfg.ckpt.every_minutes)
+    watch = PreemptionWatch()
+    last_saved = start
 
     def log_pending(final: bool = False):
       nonlocal pending, last_metrics, t_last, n_last
@@ -285,17 +370,23 @@ class Trainer:
             mstate = self.end_of_epoch_fn()(state["params"], state["method_state"],
                                             jnp.asarray(epoch, jnp.int32))
           state = dict(state, method_state=mstate)
-        if cfg.ckpt.every_steps and (step + 1) % cfg.ckpt.every_steps == 0:
+        preempted = watch.reached(step + 1)
+        if preempted or schedule.due(step + 1):
           # Log the pending step before its checkpoint exists: a run killed after the save resumes past it,
           # and its metrics line would otherwise never be written.
           log_pending(final=step + 1 == stop)
-          self.save(state, step + 1, span)
+          self.save(state, step + 1, span, force=preempted)
+          last_saved = step + 1
+          schedule.saved()
+          writer.flush()
+        if preempted:
+          self.checkpointer.wait()
+          raise Preempted(step + 1, self.workdir)
         if evaluate is not None:
           evaluate(step + 1, state, writer)
       if pending is not None:
         log_pending(final=True)
-      saved_periodically = cfg.ckpt.every_steps and stop % cfg.ckpt.every_steps == 0
-      if cfg.ckpt.save_at_end and stop > start and not saved_periodically:
+      if cfg.ckpt.save_at_end and stop > start and last_saved != stop:
         self.save(state, stop, span, force=True)
     except BaseException:
       try:  # let the saves in flight finish, without hiding the error that stopped the run
@@ -306,6 +397,7 @@ class Trainer:
     else:
       self.checkpointer.wait()
     finally:
+      watch.close()
       progress.close()
       writer.close()
     return TrainResult(state=state, experiment=exp, metrics=last_metrics, trainer=self)
