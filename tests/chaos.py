@@ -1,18 +1,25 @@
-"""Fault injection: real training runs SIGKILLed at random moments and resumed must end bitwise where an
+"""Fault injection: real training runs killed at random moments and resumed must end bitwise where an
 uninterrupted run ends.
 
-Each scenario is a real `python -m ncjax.main` run on 8 simulated CPU devices with a checkpoint every step
-(orbax, asynchronous saves). A trial starts the trainer process itself (no wrapper), kills it with SIGKILL
-`kills` times — at a random moment, while an orbax temporary checkpoint directory exists (mid-save), or just
-after a given step's metrics line appears — restarts it each time in the same workdir, and lets the last start
-finish. It then compares with the scenario's uninterrupted run:
+Each scenario is a real `python -m ncjax.main` run — one process on 8 simulated CPU devices, or 2 processes x 4
+devices of one JAX job (the stand-in for a pod, tests/multiprocess.py) — with a checkpoint every step (orbax,
+asynchronous saves). A trial starts the trainer processes themselves (no wrapper) and interrupts them `kills` times,
+restarting in the same workdir each time, then lets the last start finish. The faults:
+  random / mid_save / after_step   SIGKILL of every process at a random moment, while an orbax temporary checkpoint
+                                   directory exists (mid-save), or just after a given step's metrics line appears;
+  sigterm                          SIGTERM to one process (a preemption): every process must stop at the same
+                                   step, save it and exit with status 75 (ncjax.train.PREEMPTED_EXIT_STATUS);
+  sigkill_one                      (several processes) SIGKILL of one process: the others must stop on their own
+                                   within the heartbeat timeout (never hang), with jax's message that a task
+                                   died (LOST_MESSAGES).
+It then compares with the scenario's uninterrupted run (same process count):
   - the final train state (parameters, optimiser state, method state: GSC's per-sample labels and
     predictions, NCU's prompt), every leaf bitwise;
   - metrics.jsonl: the same steps, once each, with equal values (wall-clock fields aside);
   - no temporary checkpoint directory left behind, and the latest checkpoint restorable.
 
-Scenarios: NCU's two stages (prompt learning, then unlearning; kills land on both sides of the boundary) and
-GSC (per-sample state, its end-of-epoch GMM hook, warm-up then GSC loss).
+Scenarios: NCU's two stages (prompt learning, then unlearning; kills land on both sides of the boundary), GSC
+(per-sample state, its end-of-epoch GMM hook, warm-up then GSC loss), and GSC on 2 processes.
 
   python -m tests.chaos --trials 20            # `make chaos`: 20 trials, alternating scenarios
   python -m tests.chaos --trials 2 --kills 2   # what `make test` runs (tests/train/test_chaos.py)
@@ -34,42 +41,71 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-_COMMON = ("--cpu_devices=8", "--config.log.progress=False", "--config.log.every_steps=1",
+import multiprocess  # noqa: E402  (tests/multiprocess.py)
+
+PREEMPTED = 75   # ncjax.train.PREEMPTED_EXIT_STATUS
+# What jax's coordination service prints in every survivor before it ends the process (SIGABRT), after the
+# heartbeat timeout (a process that stopped) or at once (the coordinator, process 0, gone).
+LOST_MESSAGES = ("stopped sending heartbeats", "JAX distributed service detected fatal errors")
+HEARTBEAT_TIMEOUT = 15
+
+_COMMON = ("--config.log.progress=False", "--config.log.every_steps=1",
            "--config.ckpt.every_steps=1", "--config.ckpt.keep=2",
            "--config.evals.zeroshot.enabled=False", "--config.evals.retrieval.enabled=False",
            "--config.evals.noise_detection.enabled=False")
 
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+  args: tuple[str, ...]
+  processes: int = 1
+
+  @property
+  def devices(self) -> int:
+    return 8 // self.processes
+
+
+_GSC = "--config=configs/gsc.py:model=micro,batch=256,epochs=3,warmup=1"
 SCENARIOS = {
     # 5 steps per epoch on digits at batch 256: stage 1 (prompt) = steps 0-4, stage 2 (unlearning) = 5-9.
-    "ncu": ("--config=configs/ncu.py:model=micro,batch=256,epochs=1,epochs_prompt=1",),
+    "ncu": Scenario(("--config=configs/ncu.py:model=micro,batch=256,epochs=1,epochs_prompt=1",)),
     # warm-up epoch, then GSC with the GMM labels refreshed at every epoch's end (steps 5 and 10).
-    "gsc": ("--config=configs/gsc.py:model=micro,batch=256,epochs=3,warmup=1",),
+    "gsc": Scenario((_GSC,)),
+    # the same on 2 processes x 4 devices: per-sample state split over both processes' devices
+    "gsc_2proc": Scenario((_GSC,), processes=2),
 }
+# The faults a trial of each kind of scenario draws from (every trial starts with the first).
+FAULTS = {1: ("mid_save", "random", "after_step", "sigterm"),
+          2: ("sigkill_one", "sigterm", "mid_save", "random", "after_step")}
 
 # Metrics that legitimately differ between an interrupted and an uninterrupted run.
 _WALL_CLOCK_KEYS = ("time", "examples_per_sec")
 _TMP_MARKER = "orbax-checkpoint-tmp"
 
 
-def _env():
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  env["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # see tests/conftest.py: cached collective programs can hang
-  return env
-
-
-def command(scenario: str, workdir: str) -> list[str]:
-  return [sys.executable, "-m", "ncjax.main", *SCENARIOS[scenario], f"--workdir={workdir}", *_COMMON]
+def _start(scenario: str, workdir: str) -> list[subprocess.Popen]:
+  """The scenario's processes (stderr and stdout to files in the workdir: an unread pipe would block a trainer)."""
+  sc = SCENARIOS[scenario]
+  os.makedirs(workdir, exist_ok=True)
+  log_dir = os.path.join(workdir, f"logs_{int(time.time() * 1000)}")
+  return multiprocess.start([*sc.args, f"--workdir={workdir}", *_COMMON], processes=sc.processes,
+                            devices=sc.devices, log_dir=log_dir, heartbeat_timeout=HEARTBEAT_TIMEOUT)
 
 
 def run_to_end(scenario: str, workdir: str, timeout: float = 900) -> float:
   """Run (or resume) to completion; returns its wall time."""
   t0 = time.perf_counter()
-  out = subprocess.run(command(scenario, workdir), cwd=ROOT, env=_env(), capture_output=True, text=True,
-                       timeout=timeout)
-  if out.returncode != 0:
-    raise RuntimeError(f"{scenario} run in {workdir} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+  procs = _start(scenario, workdir)
+  codes = multiprocess.wait(procs, timeout)
+  if any(codes):
+    raise RuntimeError(f"{scenario} run in {workdir} failed (exits {codes}):\n{_latest_logs(workdir)}")
   return time.perf_counter() - t0
+
+
+def _latest_logs(workdir: str, tail: int | None = 3000) -> str:
+  dirs = sorted(d for d in _listdir(workdir) if d.startswith("logs_"))
+  return multiprocess.logs(os.path.join(workdir, dirs[-1]), tail) if dirs else ""
 
 
 def _metric_rows(workdir: str) -> list[dict]:
@@ -105,48 +141,81 @@ def _listdir(path):
 
 @dataclasses.dataclass
 class Kill:
-  how: str          # 'random' | 'mid_save' | 'after_step'
-  after_s: float    # when the process was killed, seconds after its start
-  step: int         # last step in metrics.jsonl when killed
+  how: str          # see FAULTS
+  after_s: float    # when the fault came, seconds after the start
+  step: int         # last step in metrics.jsonl then
+  exits: list = dataclasses.field(default_factory=list)   # every process's exit status
+  stop_s: float = 0.0   # sigterm / sigkill_one: seconds from the fault until the last process exited
 
 
 def kill_once(scenario: str, workdir: str, how: str, rng: random.Random, budget_s: float,
               total_steps: int) -> Kill | None:
-  """Start the trainer, SIGKILL it as `how` says; None if it finished first (the kill came too late)."""
-  # stderr to a file, never an unread pipe: orbax logs every save, and a full pipe would block the trainer.
-  os.makedirs(workdir, exist_ok=True)
-  log_path = os.path.join(workdir, f"stderr_{int(time.time() * 1000)}.log")
-  stderr = open(log_path, "w")
-  proc = subprocess.Popen(command(scenario, workdir), cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
-                          stderr=stderr, text=True)
+  """Start the trainer processes and interrupt them as `how` says; None if they finished first (too late)."""
+  procs = _start(scenario, workdir)
   t0 = time.perf_counter()
   stale = frozenset(n for n in _listdir(os.path.join(workdir, "checkpoints")) if _TMP_MARKER in n)
   start_step = _last_step_logged(workdir)
   target_step = rng.randint(start_step + 1, total_steps - 1) if start_step + 1 < total_steps else total_steps
   deadline = t0 + rng.uniform(0.2, 1.0) * budget_s
-  while proc.poll() is None:
+  moment = "random" if how in ("random",) else "mid_save" if how == "mid_save" else "after_step"
+  while all(p.poll() is None for p in procs):
     now = time.perf_counter()
-    if how == "random" and now >= deadline:
+    if moment == "random" and now >= deadline:
       break
-    if how == "mid_save" and _saving(workdir, stale) and _last_step_logged(workdir) >= min(target_step, total_steps - 1):
+    if moment == "mid_save" and _saving(workdir, stale) and _last_step_logged(workdir) >= min(target_step,
+                                                                                              total_steps - 1):
       break
-    if how == "after_step" and _last_step_logged(workdir) >= target_step:
+    if moment == "after_step" and _last_step_logged(workdir) >= target_step:
       break
     if now - t0 > 3 * budget_s + 120:
-      how = f"{how} (timed out)"  # the moment never came: kill anyway, and say so
+      how = f"{how} (timed out)"  # the moment never came: interrupt anyway, and say so
       break
     time.sleep(0.002)
-  if proc.poll() is not None:
-    stderr.close()
-    if proc.returncode != 0:
-      with open(log_path) as f:
-        raise RuntimeError(f"{scenario} run in {workdir} failed on its own (exit {proc.returncode}):\n"
-                           f"{f.read()[-4000:]}")
+  if any(p.poll() is not None for p in procs):
+    codes = multiprocess.wait(procs, 300)
+    if any(codes):
+      raise RuntimeError(f"{scenario} run in {workdir} failed on its own (exits {codes}):\n{_latest_logs(workdir)}")
     return None
-  os.kill(proc.pid, signal.SIGKILL)  # the trainer itself: no handler, no cleanup, no final save
-  proc.wait()
-  stderr.close()
-  return Kill(how=how, after_s=round(time.perf_counter() - t0, 2), step=_last_step_logged(workdir))
+  kill = Kill(how=how, after_s=round(time.perf_counter() - t0, 2), step=_last_step_logged(workdir))
+  t_fault = time.perf_counter()
+  victim = procs[rng.randrange(len(procs))]
+  if how.startswith("sigterm"):
+    os.kill(victim.pid, signal.SIGTERM)     # a preemption notice to one process
+    limit = 300
+  elif how.startswith("sigkill_one"):
+    os.kill(victim.pid, signal.SIGKILL)     # one host lost
+    limit = HEARTBEAT_TIMEOUT + 60
+  else:
+    for p in procs:                         # the processes themselves: no handler, no cleanup, no final save
+      os.kill(p.pid, signal.SIGKILL)
+    limit = 60
+  try:
+    kill.exits = multiprocess.wait(procs, limit)
+  except subprocess.TimeoutExpired:
+    raise RuntimeError(f"{scenario}: after {how} the processes did not stop within {limit}s (a hang):\n"
+                       f"{_latest_logs(workdir)}") from None
+  kill.stop_s = round(time.perf_counter() - t_fault, 2)
+  if how.startswith("sigterm") and set(kill.exits) - {PREEMPTED, 0}:
+    raise RuntimeError(f"{scenario}: a preempted run exited with {kill.exits}, not {PREEMPTED}:\n"
+                       f"{_latest_logs(workdir)}")
+  if how.startswith("sigterm") and PREEMPTED in kill.exits:
+    logs = _latest_logs(workdir, tail=None)
+    saved = _saved_steps(workdir)
+    if not saved or max(saved) <= kill.step - 1:
+      raise RuntimeError(f"{scenario}: preempted after step {kill.step} but the latest checkpoint is {saved}")
+    if "preempted: saved the checkpoint of step" not in logs:
+      raise RuntimeError(f"{scenario}: a preempted run did not say so:\n{logs}")
+  if how.startswith("sigkill_one"):
+    survivors = [c for p, c in zip(procs, kill.exits) if p is not victim]
+    if 0 in survivors:
+      raise RuntimeError(f"{scenario}: a process survived the loss of another and exited 0")
+    if not any(m in _latest_logs(workdir, tail=None) for m in LOST_MESSAGES):
+      raise RuntimeError(f"{scenario}: the survivors did not say a process was lost:\n{_latest_logs(workdir)}")
+  return kill
+
+
+def _saved_steps(workdir: str) -> list[int]:
+  return sorted(int(n) for n in _listdir(os.path.join(workdir, "checkpoints")) if n.isdigit())
 
 
 def _comparable(rows: list[dict]) -> dict:
@@ -206,7 +275,8 @@ class Trial:
 
 
 def run_trials(trials: int, kills: int, seed: int, root: str, scenarios=tuple(SCENARIOS),
-               log=print) -> list[Trial]:
+               log=print, faults: dict | None = None) -> list[Trial]:
+  """`faults`: {scenario: [fault, ...]} to run instead of drawing them (tests)."""
   rng = random.Random(seed)
   references, budgets, totals = {}, {}, {}
   results = []
@@ -219,8 +289,11 @@ def run_trials(trials: int, kills: int, seed: int, root: str, scenarios=tuple(SC
       log(f"[chaos] {scenario}: uninterrupted run {budgets[scenario]:.1f}s, {totals[scenario]} steps")
     workdir = os.path.join(root, f"{scenario}_trial{i}")
     t0 = time.perf_counter()
-    # Every trial kills mid-save at least once; the others are random moments or just after a random step.
-    kinds = ["mid_save"] + [rng.choice(["random", "after_step", "mid_save"]) for _ in range(kills - 1)]
+    # Every trial starts with its kind's first fault (single process: SIGKILL mid-save; several: one process
+    # lost); the others are drawn from its kind's faults.
+    drawn = FAULTS[SCENARIOS[scenario].processes]
+    kinds = (list(faults[scenario]) if faults and scenario in faults else
+             [drawn[0]] + [rng.choice(drawn) for _ in range(kills - 1)])
     done = []
     for how in kinds:
       k = kill_once(scenario, workdir, how, rng, budgets[scenario], totals[scenario])
@@ -230,8 +303,8 @@ def run_trials(trials: int, kills: int, seed: int, root: str, scenarios=tuple(SC
     problems = compare(references[scenario], workdir)
     trial = Trial(scenario, done, problems, round(time.perf_counter() - t0, 1))
     results.append(trial)
-    log(f"[chaos] trial {i} {scenario}: kills " +
-        ", ".join(f"{k.how}@{k.after_s}s(step {k.step})" for k in done) +
+    log(f"[chaos] trial {i} {scenario}: faults " +
+        ", ".join(f"{k.how}@{k.after_s}s(step {k.step}; exits {k.exits}, stopped in {k.stop_s}s)" for k in done) +
         (" -> bitwise equal" if trial.ok else " -> DIFFERS:\n  " + "\n  ".join(problems)))
   return results
 
@@ -239,7 +312,7 @@ def run_trials(trials: int, kills: int, seed: int, root: str, scenarios=tuple(SC
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--trials", type=int, default=20)
-  parser.add_argument("--kills", type=int, default=3, help="SIGKILLs per trial before the run may finish")
+  parser.add_argument("--kills", type=int, default=3, help="faults per trial before the run may finish")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--scenarios", default=",".join(SCENARIOS))
   parser.add_argument("--workdir", default="", help="keep the runs here (default: a temporary directory)")
@@ -251,10 +324,14 @@ def main(argv=None):
   finally:
     if not args.workdir:
       shutil.rmtree(root, ignore_errors=True)
-  n_kills = sum(len(t.kills) for t in results)
   n_ok = sum(t.ok for t in results)
-  print(f"[chaos] {n_ok}/{len(results)} trials bitwise equal to the uninterrupted run "
-        f"({n_kills} SIGKILLs, {sum(k.how == 'mid_save' for t in results for k in t.kills)} mid-save)")
+  counts = {}
+  for t in results:
+    for k in t.kills:
+      key = (t.scenario, k.how.split(" ")[0])
+      counts[key] = counts.get(key, 0) + 1
+  print(f"[chaos] {n_ok}/{len(results)} trials bitwise equal to the uninterrupted run; faults per scenario: "
+        + ", ".join(f"{s} {h} x{n}" for (s, h), n in sorted(counts.items())))
   if args.json:
     with open(args.json, "w") as f:
       json.dump([dataclasses.asdict(t) for t in results], f, indent=1)

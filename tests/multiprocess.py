@@ -66,10 +66,12 @@ def run(args: list[str], *, processes: int = 2, devices: int = 4, log_dir: str, 
   return wait(start(args, processes=processes, devices=devices, log_dir=log_dir, extra_env=extra_env), timeout)
 
 
-def logs(log_dir: str) -> str:
+def logs(log_dir: str, tail: int | None = 3000) -> str:
+  """Every process's log (its last `tail` characters; None: whole)."""
   out = []
   for name in sorted(os.listdir(log_dir)):
     if name.startswith("process_"):
       with open(os.path.join(log_dir, name)) as f:
-        out.append(f"--- {name}\n{f.read()[-3000:]}")
+        text = f.read()
+      out.append(f"--- {name}\n{text if tail is None else text[-tail:]}")
   return "\n".join(out)
