@@ -121,7 +121,7 @@ class Checkpointer:
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta), data=ocp.args.JsonSave(data_state)),
           force=force)
     except Exception as e:  # this save, or an earlier asynchronous one surfacing here
-      if not _is_write_failure(e):
+      if not (_is_write_failure(e) or fileio.is_remote(self.directory)):   # remote: any client error is one
         raise
       raise self._write_error(e, f"saving the checkpoint of step {step} (or the asynchronous save before it)") \
           from e
@@ -170,7 +170,7 @@ class Checkpointer:
     try:
       self.manager.wait_until_finished()
     except Exception as e:
-      if not _is_write_failure(e):
+      if not (_is_write_failure(e) or fileio.is_remote(self.directory)):
         raise
       raise self._write_error(e, "an asynchronous checkpoint save") from e
 

@@ -2,8 +2,9 @@
 outputs (metrics, evaluation results, plots, score files, NC-bench tables, exports) goes through this module.
 
 Local paths use `os` (atomic writes by temporary file + rename); anything with a scheme (`gs://...`) goes through
-etils' `epath` (gcsfs under the hood: credentials from the environment, `STORAGE_EMULATOR_HOST` for a local test
-server). An object store has no append and no rename: an object is written whole, atomically, by one upload — so
+fsspec (gcsfs: credentials from the environment, `STORAGE_EMULATOR_HOST` for a local test server). gcsfs caches
+directory listings per process; other processes write the same bucket (the processes of a pod, a resumed run), so
+every listing or existence check drops the cached entry first. An object store has no append and no rename: an object is written whole, atomically, by one upload — so
 `write_*` of a remote path is already atomic, and an append-only log is kept locally and uploaded whole
 (`ncjax.logging_utils.MetricWriter`). Orbax checkpoints reach GCS through tensorstore's own driver
 (`ncjax.checkpoint`). A leaf module: nothing of ncjax is imported.
@@ -11,6 +12,7 @@ server). An object store has no append and no rename: an object is written whole
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import posixpath
@@ -18,14 +20,28 @@ import shutil
 import tempfile
 
 
+class StorageError(OSError):
+  """Writing to object storage failed (the store unreachable, the bucket missing, no permission): one line saying
+  which path and why, instead of the HTTP client's exception chain."""
+
+
+def _storage_error(path: str, e: Exception) -> StorageError:
+  reason = " ".join(str(e).split())[:300] or type(e).__name__
+  return StorageError(errno.EIO, f"writing {path} failed: {reason} (the object store unreachable, or the bucket's "
+                      f"permissions?)")
+
+
 def is_remote(path: str) -> bool:
   """True for `scheme://...` paths (gs://, s3://, ...), False for local paths."""
   return "://" in str(path)
 
 
-def _epath(path: str):
-  from etils import epath
-  return epath.Path(path)
+def _fs(path: str):
+  """(filesystem, path within it) of a remote path, its listing cache dropped: another process may have written."""
+  import fsspec
+  fs, inner = fsspec.core.url_to_fs(path)
+  fs.invalidate_cache(inner)
+  return fs, inner
 
 
 def join(base: str, *parts: str) -> str:
@@ -46,53 +62,68 @@ def absolute(path: str) -> str:
 
 
 def exists(path: str) -> bool:
-  return _epath(path).exists() if is_remote(path) else os.path.exists(path)
+  if is_remote(path):
+    fs, inner = _fs(path)
+    return fs.exists(inner)
+  return os.path.exists(path)
 
 
 def isdir(path: str) -> bool:
-  return _epath(path).is_dir() if is_remote(path) else os.path.isdir(path)
+  if is_remote(path):
+    fs, inner = _fs(path)
+    return fs.isdir(inner)
+  return os.path.isdir(path)
 
 
 def isfile(path: str) -> bool:
-  return _epath(path).is_file() if is_remote(path) else os.path.isfile(path)
+  if is_remote(path):
+    fs, inner = _fs(path)
+    return fs.isfile(inner)
+  return os.path.isfile(path)
 
 
 def listdir(path: str) -> list[str]:
   if is_remote(path):
-    return sorted(p.name for p in _epath(path).iterdir())
+    fs, inner = _fs(path)
+    return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(inner, detail=False))
   return sorted(os.listdir(path))
 
 
 def makedirs(path: str) -> None:
   """A directory and its parents (on an object store: nothing to create, prefixes exist with their objects)."""
-  if is_remote(path):
-    _epath(path).mkdir(parents=True, exist_ok=True)
-  else:
+  if not is_remote(path):
     os.makedirs(path, exist_ok=True)
 
 
 def remove(path: str) -> None:
   if is_remote(path):
-    _epath(path).unlink()
+    fs, inner = _fs(path)
+    fs.rm(inner)
   else:
     os.remove(path)
 
 
 def rmtree(path: str) -> None:
   if is_remote(path):
-    _epath(path).rmtree(missing_ok=True)
+    fs, inner = _fs(path)
+    if fs.exists(inner):
+      fs.rm(inner, recursive=True)
   else:
     shutil.rmtree(path, ignore_errors=True)
 
 
 def open_file(path: str, mode: str = "r", **kwargs):
   """A file object for reading or writing; remote writes upload when the file is closed."""
-  return _epath(path).open(mode, **kwargs) if is_remote(path) else open(path, mode, **kwargs)
+  if is_remote(path):
+    fs, inner = _fs(path)
+    return fs.open(inner, mode, **kwargs)
+  return open(path, mode, **kwargs)
 
 
 def read_bytes(path: str) -> bytes:
   if is_remote(path):
-    return _epath(path).read_bytes()
+    fs, inner = _fs(path)
+    return fs.cat_file(inner)
   with open(path, "rb") as f:
     return f.read()
 
@@ -105,8 +136,11 @@ def write_bytes(path: str, data: bytes) -> None:
   """Write a whole file atomically: a reader sees the old file or the new one, never a part (local: temporary file
   in the same directory, fsync, rename; remote: one upload, which an object store makes atomic)."""
   if is_remote(path):
-    makedirs(dirname(path))
-    _epath(path).write_bytes(data)
+    try:
+      fs, inner = _fs(path)
+      fs.pipe_file(inner, data)
+    except Exception as e:
+      raise _storage_error(path, e) from None
     return
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)

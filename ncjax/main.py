@@ -254,6 +254,7 @@ def main(argv):
   logging.getLogger("ncjax").setLevel(logging.INFO)
   from ncjax.checkpoint import CheckpointWriteError
   from ncjax.evals import EvaluatorConfigError
+  from ncjax.fileio import StorageError
   from ncjax.train import PREEMPTED_EXIT_STATUS, Preempted
   try:
     if command == "ncbench":
@@ -268,7 +269,7 @@ def main(argv):
   except EvaluatorConfigError as e:
     print(f"ncjax: error: {e}", file=sys.stderr, flush=True)
     sys.exit(2)
-  except CheckpointWriteError as e:
+  except (CheckpointWriteError, StorageError) as e:
     # One clear line, then exit without interpreter shutdown: orbax's writer threads would otherwise bury it
     # under their own tracebacks. Nothing is lost: metrics are flushed and finished checkpoints are final.
     print(f"ncjax: error: {e.strerror}", file=sys.stderr, flush=True)

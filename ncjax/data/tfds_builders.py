@@ -298,8 +298,27 @@ def builder_for(name: str, config: str | None, data_dir: str):
   return BUILDERS[name](**kwargs)
 
 
+def _staged(build_fn, data_dir: str, reopen):
+  """Build into a local staging directory when `data_dir` is in object storage (gs://: tfds' ArrayRecord writer
+  opens local files), then upload the built tree file by file; returns the builder reopened on `data_dir`."""
+  import tempfile
+  from ncjax import fileio
+  with tempfile.TemporaryDirectory(prefix="ncjax-build-") as local:
+    builder = build_fn(local)
+    tree = str(builder.data_dir)
+    remote = fileio.join(data_dir, os.path.relpath(tree, local).replace(os.sep, "/"))
+    for name in sorted(os.listdir(tree)):
+      fileio.copy_file(os.path.join(tree, name), fileio.join(remote, name))
+  return reopen()
+
+
 def build(name: str, config: str | None, manual_dir: str | None, data_dir: str):
-  """Build a dataset from the user's files, then write its index (id -> position, caption table)."""
+  """Build a dataset from the user's files, then write its index (id -> position, caption table). A `gs://`
+  data_dir is built locally and uploaded."""
+  from ncjax import fileio
+  if fileio.is_remote(data_dir):
+    return _staged(lambda local: build(name, config, manual_dir, local), data_dir,
+                   lambda: builder_for(name, config, data_dir))
   if name != "digits":
     if not manual_dir or not os.path.isdir(manual_dir):
       raise readers.DataFormatError(f"manual_dir {manual_dir!r} is not a directory; the {name} builder reads the "
@@ -345,7 +364,12 @@ def build_table(config: str | None, manual_dir: str | None, data_dir: str, **col
   split columns, class names, holdout; for WebDataset shards the label / clean keys of each sample's .json and the
   holdout; None keeps the config's default). The built dataset reads back as
   web_pairs/<config>. The builder class is made here, not in the caller: tfds locates a builder through its module,
-  which must be an importable package module (a class defined in `python -m ncjax.data.build`'s __main__ is not)."""
+  which must be an importable package module (a class defined in `python -m ncjax.data.build`'s __main__ is not).
+  A `gs://` data_dir is built locally and uploaded."""
+  from ncjax import fileio
+  if fileio.is_remote(data_dir):
+    return _staged(lambda local: build_table(config, manual_dir, local, **columns), data_dir,
+                   lambda: builder_for("web_pairs", config or "custom_table", data_dir))
   if not manual_dir or not os.path.isdir(manual_dir):
     raise readers.DataFormatError(f"manual_dir {manual_dir!r} is not a directory; the web_pairs builder reads the "
                                   f"table and its images from it")

