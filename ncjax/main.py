@@ -138,7 +138,8 @@ def eval_command(config):
     for name, res in results.items():
       row.update({f"{name}/{k}": v for k, v in res.items() if isinstance(v, (int, float))})
     rows.append(row)
-    print(f"{workdir} step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in row.items()
+    if jax.process_index() == 0:
+      print(f"{workdir} step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in row.items()
                                                   if k.endswith(("acc1", "R@1", "rsum", "auc", "lp_acc1"))))
   if jax.process_index() == 0 and rows:
     from ncjax import fileio
@@ -177,7 +178,8 @@ def train_command(config, workdir: str):
   evaluation.check(config, trainer.exp)
   result = trainer.run(until=_UNTIL.value, evaluate=evaluation.periodic_hook(config, trainer))
   results = evaluation.final(config, result, workdir)
-  for name, res in results.items():
+  import jax
+  for name, res in results.items() if jax.process_index() == 0 else ():
     shown = {k: round(v, 4) for k, v in res.items()
              if isinstance(v, float) and (k.endswith("R@1") or k in ("acc1", "rsum", "auc", "lp_acc1"))}
     print(f"{name}: {shown}")

@@ -85,3 +85,30 @@ class GCSServer:
 
   def __exit__(self, *exc):
     self.stop()
+
+
+def main(argv=None) -> int:
+  """Serve until interrupted, after printing `export` lines for a shell (README, "Running on a pod"):
+    .venv/bin/python tests/gcs_server.py --bucket=demo > /tmp/gcs.env &  sleep 3; source /tmp/gcs.env"""
+  import argparse
+  import signal
+  import sys
+  parser = argparse.ArgumentParser(description="a local GCS API server for trying gs:// paths without network")
+  parser.add_argument("--bucket", default="demo")
+  args = parser.parse_args(argv)
+  server = GCSServer(args.bucket).start()
+  for key, value in server.env.items():
+    print(f"export {key}={value}")
+  print(f"# gs://{args.bucket}/ is served from {server.root}", flush=True)
+  signal.signal(signal.SIGTERM, lambda *_: (server.stop(), sys.exit(0)))
+  try:
+    server.process.wait()
+  except KeyboardInterrupt:
+    pass
+  finally:
+    server.stop()
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
