@@ -75,6 +75,7 @@ def test_truncation_keeps_eot_last_and_context_length_is_respected(reference):
 def test_decode_and_serialisation():
   tok = ClipBpeTokenizer(context_length=32)
   ids = tok(["A photo of two dogs, playing!"])
+  assert ids.shape == (1, 32)   # its own context length (the call used to pad to 77 whatever the tokenizer's)
   assert tok.decode(ids[0]) == "a photo of two dogs , playing !"
   again = tokenizer_from_json(tok.to_json())
   assert isinstance(again, ClipBpeTokenizer) and again.context_length == 32 and again.vocab_size == 49408

@@ -73,7 +73,8 @@ def _clean(text: str) -> str:
 
 
 class ClipBpeTokenizer:
-  """CLIP's BPE tokenizer. `tok(texts, context_length=77)` -> int32 (len(texts), context_length)."""
+  """CLIP's BPE tokenizer. `tok(texts)` -> int32 (len(texts), tok.context_length); `tok(texts, context_length=n)`
+  pads or truncates to n instead."""
 
   kind = "clip_bpe"
   pad_id = 0
@@ -159,7 +160,9 @@ class ClipBpeTokenizer:
       out[row, :len(ids)] = ids
     return out
 
-  def __call__(self, texts, context_length: int = DEFAULT_CONTEXT_LENGTH) -> np.ndarray:
+  def __call__(self, texts, context_length: int | None = None) -> np.ndarray:
+    """As `encode`: padded to this tokenizer's own context length unless one is given (it defaulted to 77 until
+    2026-11-23, so `load_model`'s tokenizer of a model with a shorter context gave tokens the model refused)."""
     return self.encode(texts, context_length)
 
   def decode(self, tokens) -> str:

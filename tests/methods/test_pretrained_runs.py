@@ -7,14 +7,15 @@ import sys
 
 import numpy as np
 import pytest
+# torch is a test dependency (setup.cfg's `test` extra): missing, this module fails to import and `make test` fails,
+# instead of skipping its parity tests and passing.
+import torch
 
 import data_fixtures as fx
 import reference_models as rm
-from helpers import ROOT, leaves, make_config
-from ncjax import checkpoint as ckpt_lib, train
+from helpers import ROOT, leaves, make_config, tiny_clip_config
+from ncjax import checkpoint as ckpt_lib, config_lib, train
 from ncjax import pretrained
-
-torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +90,29 @@ def test_eval_init_evaluates_an_imported_model_on_an_image_folder(openai_checkpo
   assert report["init"] == f"openai:{path}" and 0.0 <= zs["acc1"] <= 1.0 and zs["acc5"] is None
   assert "noise_detection" not in report["results"] and "retrieval" in report["results"]
   assert {r["dataset"] for r in report["records"]} == {f"image_folder:{root}", "digits"}
+
+
+def test_a_run_with_context_16_exports_and_loads_back_with_a_tokenizer_of_16(tmp_path):
+  """train -> export (open_clip) -> load_model -> encode_text(tokenizer(captions)) for a context other than 77.
+
+  Until 2026-11-23 the tokenizer load_model returned padded to 77 whatever the model's context, and the model then
+  refused its tokens ("text tower expects tokens of shape (batch, 16), got (3, 77)"). open_clip's own tokenizer of
+  the exported folder is the independent reference for the ids."""
+  workdir, out = tmp_path / "run", tmp_path / "exported"
+  result = train.train(tiny_clip_config(total_steps=1, **{"model.tokenizer": "clip_bpe"}), str(workdir))
+  run_tokenizer = result.experiment.tokenizer
+  assert run_tokenizer.kind == "clip_bpe" and run_tokenizer.context_length == 16
+  params, meta, _ = ckpt_lib.restore_params(str(workdir))   # what `ncjax export` does (ncjax/main.py)
+  config = config_lib.from_json_dict(meta["config"])
+  pretrained.export(params["model"], config.model, str(out), "open_clip", tokenizer_kind=meta["tokenizer"]["kind"],
+                    normalization=config.input.normalization)
+  model, _, tokenizer = pretrained.load_model(f"open_clip:{out}")
+  captions = ["a handwritten three", "a heavy, slanted seven written wide", "zero " * 30]   # the last is truncated
+  tokens = tokenizer(captions)
+  assert tokens.shape == (3, 16) and tokenizer.context_length == 16
+  np.testing.assert_array_equal(tokens, rm.import_open_clip().get_tokenizer(f"local-dir:{out}")(captions).numpy())
+  np.testing.assert_array_equal(tokens, run_tokenizer.encode(captions))
+  import jax
+  em = result.experiment.method.eval_model(result.params)
+  ours = np.asarray(jax.jit(em.encode_text)(run_tokenizer.encode(captions)))
+  np.testing.assert_allclose(np.asarray(model.encode_text(tokens)), ours, atol=1e-6, rtol=0)   # measured 1.9e-7
