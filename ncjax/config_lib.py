@@ -271,19 +271,118 @@ def region_model(c, a):
   return c
 
 
-CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+# The shipped configs are package data (ncjax/configs/*.py): found by name from any directory. In a checkout,
+# configs/ at the repository root links there, so `--config=configs/clip.py:...` keeps working from the root.
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+class ConfigError(ValueError):
+  """A config that cannot be loaded or overridden: the message is one line naming what was asked and what exists."""
+
+
+def config_names() -> list[str]:
+  """The shipped configs' names ('clip', 'gsc', 'ncbench', ...)."""
+  return sorted(f[:-3] for f in os.listdir(CONFIGS_DIR) if f.endswith(".py") and not f.startswith("_"))
+
+
+def split_config_spec(spec: str) -> tuple[str, str | None]:
+  """'clip:model=small,noise=0.4' -> ('clip', 'model=small,noise=0.4'); 'configs/clip.py' -> ('configs/clip.py',
+  None). The first colon separates the file from its arguments (arguments may hold colons: data=tfds:digits)."""
+  path, sep, arg = spec.partition(":")
+  return path, (arg if sep else None)
+
+
+def find_config_file(name: str) -> str:
+  """The file a `--config` names: a shipped config by name ('clip'), a path to any .py file (relative to the
+  current directory), or a shipped config's path written from the repository root ('configs/clip.py'), which is
+  found from any directory."""
+  if not name:
+    raise ConfigError(f"--config names no config; shipped configs: {', '.join(config_names())}, or a path to a "
+                      f".py file")
+  if name.endswith(".py"):
+    if os.path.isfile(name):
+      return name
+    stem = os.path.basename(name)[:-3]
+    parent = os.path.basename(os.path.dirname(os.path.normpath(name)))
+    if not os.path.isabs(name) and parent in ("", "configs") and stem in config_names():
+      return os.path.join(CONFIGS_DIR, f"{stem}.py")
+    raise ConfigError(f"no config file {name!r} (relative to {os.getcwd()}); shipped configs by name: "
+                      f"{', '.join(config_names())}")
+  if name in config_names():
+    return os.path.join(CONFIGS_DIR, f"{name}.py")
+  import difflib
+  close = difflib.get_close_matches(name, config_names(), n=3, cutoff=0.5)
+  raise ConfigError(f"no shipped config {name!r}{'; did you mean ' + ' or '.join(close) + '?' if close else ''} "
+                    f"(shipped: {', '.join(config_names())}; or a path to a .py file)")
 
 
 def load_config_file(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
-  """`get_config(arg)` of configs/<name>.py (or of a path to a config file)."""
+  """`get_config(arg)` of a shipped config by name ('clip') or of a config file's path (`find_config_file`)."""
   import importlib.util
-  path = name if name.endswith(".py") else os.path.join(CONFIGS_DIR, f"{name}.py")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"no config file {path}; configs: {sorted(os.listdir(CONFIGS_DIR))}")
+  path = find_config_file(name)
   spec = importlib.util.spec_from_file_location(f"ncjax_config_{os.path.basename(path)[:-3]}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  if not hasattr(module, "get_config"):
+    raise ConfigError(f"{path} defines no get_config(arg)")
   return module.get_config(arg)
+
+
+def load_config_spec(spec: str) -> ml_collections.ConfigDict:
+  """What `--config=SPEC` loads: 'clip:model=small,noise=0.4', 'configs/clip.py:...', 'path/to/mine.py:...'.
+  Every failure to find, run or parse it is a one-line ConfigError."""
+  name, arg = split_config_spec(spec)
+  try:
+    return load_config_file(name, arg)
+  except ConfigError as e:
+    raise ConfigError(f"--config={spec}: {e}") from None
+  except (ValueError, TypeError, KeyError, AttributeError, FileNotFoundError) as e:
+    message = str(e).strip().strip('"')
+    raise ConfigError(f"--config={spec}: {message}") from e
+
+
+def config_keys(config, prefix: str = "") -> list[str]:
+  """Every dotted key of a config ('optim.lr', 'evals.zeroshot.templates', ...), sections included."""
+  out = []
+  for key in config.keys():
+    path = f"{prefix}{key}"
+    out.append(path)
+    value = config[key] if not isinstance(config, ml_collections.ConfigDict) else config._fields.get(key)
+    if isinstance(value, ml_collections.ConfigDict):
+      out.extend(config_keys(value, path + "."))
+  return out
+
+
+def closest_keys(config, path: str, n: int = 3) -> list[str]:
+  """The config's keys closest to a misspelt dotted `path`: by the whole path, and by its last part (a key given
+  in the wrong section)."""
+  import difflib
+  keys = config_keys(config)
+  scored = {}
+  leaf = path.rsplit(".", 1)[-1]
+  for key in keys:
+    whole = difflib.SequenceMatcher(None, path, key).ratio()
+    last = difflib.SequenceMatcher(None, leaf, key.rsplit(".", 1)[-1]).ratio()
+    scored[key] = max(whole, 0.9 * last)
+  ranked = sorted((k for k in keys if scored[k] >= 0.6), key=lambda k: (-scored[k], k))
+  return ranked[:n]
+
+
+def check_override_path(config, path: str) -> None:
+  """Raise a one-line ConfigError when `--config.PATH=...` names no key of the (locked) config: the key and the
+  closest known keys (instead of ml_collections' traceback ending in AttributeError)."""
+  node, walked = config, []
+  for part in path.split("."):
+    name = part.split("[", 1)[0]
+    if not isinstance(node, ml_collections.ConfigDict):
+      return   # inside a plain value (a dict, a tuple): ml_collections checks the rest
+    if name not in node:
+      bad = ".".join(walked + [name])
+      close = closest_keys(config, path)
+      hint = f"; closest known keys: {', '.join(close)}" if close else ""
+      raise ConfigError(f"--config.{path}: the config has no key {bad!r}{hint}")
+    node = node._fields.get(name) if isinstance(node, ml_collections.ConfigDict) else node[name]
+    walked.append(name)
 
 
 def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

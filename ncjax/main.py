@@ -20,10 +20,41 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
+from ml_collections.config_flags import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/clip.py:model=tiny",
-                                          lock_config=True)
+class _ConfigSpecParser(config_flags.ConfigFileFlagParser):
+  """--config=SPEC: a shipped config by name ('clip:model=small,noise=0.4', from any directory) or a path to a .py
+  file ('configs/clip.py:...', 'my_config.py:...'); a failure is one line (ncjax.config_lib.load_config_spec)."""
+
+  def parse(self, spec):
+    from ncjax import config_lib
+    try:
+      config = config_lib.load_config_spec(spec)
+    except config_lib.ConfigError as e:
+      raise flags.IllegalFlagValueError(str(e)) from None
+    if self._lock_config:
+      config.lock()
+    return config
+
+
+class _ConfigFlag(config_flags._ConfigFlag):   # noqa: SLF001 (ml_collections' flag, with checked overrides)
+  """`--config.a.b=v` overrides checked against the loaded config first: a misspelt key is one line naming it and
+  the closest known keys (ml_collections alone raises a bare AttributeError from deep inside its parser)."""
+
+  def _initialize_missing_parent_fields(self, config, overrides):
+    from ncjax import config_lib
+    for path in overrides:
+      try:
+        config_lib.check_override_path(config, path)
+      except config_lib.ConfigError as e:
+        raise flags.IllegalFlagValueError(str(e)) from None
+    super()._initialize_missing_parent_fields(config, overrides)
+
+
+_CONFIG = flags.DEFINE_flag(_ConfigFlag(
+    parser=_ConfigSpecParser(name="config", lock_config=True), serializer=flags.ArgumentSerializer(), name="config",
+    default=None, help_string="A shipped config by name with its arguments (clip:model=small,noise=0.4; from any "
+    "directory) or a path to a config file (configs/clip.py:model=tiny, path/to/mine.py)"))
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics.jsonl, eval results")
 _CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, "Simulate this many CPU devices (testing sharding)")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (cluster auto-detection)")
@@ -249,7 +280,8 @@ def main(argv):
     eval_command(_CONFIG.value)
     return
   if _CONFIG.value is None:
-    raise app.UsageError("--config is required, e.g. --config=configs/clip.py:model=tiny")
+    raise app.UsageError("--config is required, e.g. --config=clip:model=tiny (a shipped config by name) or "
+                         "--config=path/to/config.py")
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required")
   _init_jax()
@@ -286,7 +318,17 @@ def run():
   from ncjax import runtime
   runtime.restart_with_huge_pages()
   sys.modules["__main__"].__doc__ = __doc__
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv):
+  """absl's flag parsing, with a bad flag (a config that does not load, a misspelt --config.KEY) reported on one
+  line and exit status 2, instead of absl's two lines or ml_collections' traceback."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f"ncjax: error: {e}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

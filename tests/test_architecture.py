@@ -28,6 +28,8 @@ ALLOWED = {
     # ncjax.pretrained (imports / exports checkpoints): its own layer above models and data, below experiment.
     "pretrained": {"models", "tokenizers", "data", "config_lib", "registry", "numerics"},
     "experiment": {"data", "methods", "models", "pretrained", "tokenizers", "sharding", "checkpoint", "options"},
+    # the shipped configs (ncjax/configs/*.py, package data loaded by path): each builds its config with config_lib
+    "configs": {"config_lib"},
     "train": {"ncjax", "experiment", "checkpoint", "optim", "sharding", "contract", "logging_utils", "config_lib",
               "pretrained"},
 }
