@@ -163,7 +163,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.ckpt = ml_collections.ConfigDict(dict(every_steps=0, every_minutes=5.0, keep=3, async_save=True,
                                           save_at_end=True))
 
-  c.log = ml_collections.ConfigDict(dict(every_steps=10, tensorboard=False, progress=True))
+  # Metrics: metrics.jsonl always (process 0); TensorBoard; Weights & Biases (`wandb=True`, process 0 only, the run
+  # id kept in WORKDIR/wandb_run_id.txt so a resumed run continues the same wandb run; wandb_mode 'offline' needs
+  # no network). profile_steps='A:B': a jax.profiler trace of the steps from A to B in WORKDIR/profile/process_<i>/.
+  c.log = ml_collections.ConfigDict(dict(every_steps=10, tensorboard=False, progress=True, wandb=False,
+                                         wandb_project="ncjax", wandb_entity="", wandb_name="", wandb_mode="",
+                                         profile_steps=""))
   return c
 
 

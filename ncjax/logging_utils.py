@@ -63,16 +63,58 @@ def truncate_after(path: str, step: int) -> int:
   return dropped
 
 
+WANDB_ID_FILE = "wandb_run_id.txt"
+
+
+class WandbRun:
+  """A Weights & Biases run of a workdir (process 0 only): its id is kept in WORKDIR/wandb_run_id.txt, so a
+  resumed run — the same command relaunched in the same workdir — continues the same wandb run (`resume="allow"`).
+  `mode`: 'online', 'offline' (no network: files under WORKDIR/wandb/, `wandb sync` uploads them later) or ''
+  (wandb's own default, WANDB_MODE). wandb is an optional dependency (`pip install ncjax[wandb]`)."""
+
+  def __init__(self, workdir: str, *, project: str = "ncjax", entity: str = "", name: str = "", mode: str = "",
+               config: dict | None = None, local_dir: str | None = None):
+    try:
+      import wandb
+    except ImportError:
+      raise ImportError("log.wandb=True needs wandb: pip install 'ncjax[wandb]' (or pip install wandb)") from None
+    id_file = fileio.join(workdir, WANDB_ID_FILE)
+    if fileio.exists(id_file):
+      self.run_id = fileio.read_text(id_file).strip()
+    else:
+      import secrets
+      import string
+      self.run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(12))
+      fileio.write_text(id_file, self.run_id + "\n")
+    directory = local_dir or workdir
+    os.makedirs(directory, exist_ok=True)
+    self.run = wandb.init(project=project or None, entity=entity or None, name=name or None, id=self.run_id,
+                          resume="allow", dir=directory, config=config, mode=mode or None,
+                          settings=wandb.Settings(console="off", silent=True))
+
+  def log(self, step: int, metrics: dict, kind: str) -> None:
+    values = {f"{kind}/{k}": float(v) for k, v in metrics.items()
+              if isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)}
+    if values:
+      self.run.log(values, step=int(step))
+
+  def finish(self) -> None:
+    self.run.finish()
+
+
 class MetricWriter:
-  """Append-only JSONL (`metrics.jsonl`) plus optional TensorBoard; silent on processes other than 0. A remote
-  workdir is written through a local staging directory, uploaded whole by `flush()`."""
+  """Append-only JSONL (`metrics.jsonl`) plus optional TensorBoard and Weights & Biases (`WandbRun`); silent on
+  processes other than 0. A remote workdir is written through a local staging directory, uploaded whole by
+  `flush()`."""
 
   def __init__(self, workdir: str, tensorboard: bool = False, filename: str = "metrics.jsonl",
-               resume_step: int | None = None, upload_every_s: float = 30.0):
+               resume_step: int | None = None, upload_every_s: float = 30.0, wandb: dict | None = None):
+    """`wandb`: None, or WandbRun's keyword arguments (project, entity, name, mode, config)."""
     self.active = jax.process_index() == 0
     self.remote = fileio.is_remote(workdir)
     self.workdir, self.filename, self.upload_every_s = workdir, filename, upload_every_s
     self.tb = None
+    self.wandb = None
     self._staging = None
     self._last_upload = time.monotonic()
     if not self.active:
@@ -94,6 +136,19 @@ class MetricWriter:
     if tensorboard:
       from tensorboardX import SummaryWriter  # optional dependency path
       self.tb = SummaryWriter(os.path.join(local_dir, "tensorboard"))
+    if wandb is not None:
+      self.wandb = WandbRun(workdir, local_dir=local_dir, **wandb)
+
+  @classmethod
+  def from_config(cls, workdir: str, config, resume_step: int | None = None) -> "MetricWriter":
+    """The writer a run's `config.log` asks for: TensorBoard (`log.tensorboard`), wandb (`log.wandb`, with
+    `log.wandb_project`, `wandb_entity`, `wandb_name`, `wandb_mode`; the resolved config goes with the run)."""
+    log_cfg = config.log
+    wandb = None
+    if bool(log_cfg.get("wandb", False)):
+      wandb = dict(project=log_cfg.get("wandb_project", "ncjax"), entity=log_cfg.get("wandb_entity", ""),
+                   name=log_cfg.get("wandb_name", ""), mode=log_cfg.get("wandb_mode", ""), config=config.to_dict())
+    return cls(workdir, tensorboard=bool(log_cfg.tensorboard), resume_step=resume_step, wandb=wandb)
 
   def write(self, step: int, metrics: dict, kind: str = "train"):
     if not self.active:
@@ -105,6 +160,8 @@ class MetricWriter:
       for k, v in metrics.items():
         if isinstance(v, (int, float, np.floating, np.integer)):
           self.tb.add_scalar(f"{kind}/{k}", float(v), step)
+    if self.wandb is not None:
+      self.wandb.log(step, metrics, kind)
     if self.remote and time.monotonic() - self._last_upload >= self.upload_every_s:
       self.flush()
 
@@ -128,10 +185,84 @@ class MetricWriter:
       if self.tb is not None:
         self.tb.close()
         self.tb = None
+      if self.wandb is not None:
+        self.wandb.finish()
+        self.wandb = None
       self.flush()
       self.file.close()
       if self._staging:
         shutil.rmtree(self._staging, ignore_errors=True)
+
+
+def parse_profile_steps(spec: str) -> tuple[int, int] | None:
+  """'A:B' -> (A, B): trace the steps that take the state from step A to step B (B - A steps); '' -> None."""
+  if not spec:
+    return None
+  head, sep, tail = str(spec).partition(":")
+  try:
+    first, last = int(head), int(tail)
+  except ValueError:
+    first = last = -1
+  if not sep or first < 0 or last <= first:
+    raise ValueError(f"log.profile_steps must be 'A:B' with 0 <= A < B (trace the steps from A to B), got {spec!r}")
+  return first, last
+
+
+class StepProfiler:
+  """A jax.profiler trace of the training steps `log.profile_steps='A:B'`, in WORKDIR/profile/process_<i>/ (one
+  directory per process: two processes on one host would otherwise write the same <hostname>.xplane.pb).
+
+  The device work queued before step A is waited for before the trace starts, and step B's results before it
+  stops, so the trace holds those steps and nothing else; each step is a `StepTraceAnnotation('train', step_num=s)`
+  (TensorBoard's profile plugin / XProf group the trace by them). A Perfetto trace (`perfetto_trace.json.gz`) is
+  written beside the XPlane file. A gs:// workdir is traced to a local directory and uploaded at the stop."""
+
+  def __init__(self, workdir: str, steps: tuple[int, int] | None, start: int = 0, stop: int | None = None):
+    self.window = steps
+    self.active = False
+    self.done = steps is None or (stop is not None and steps[0] >= stop) or steps[1] <= start
+    self.dir = fileio.join(workdir, "profile", f"process_{jax.process_index()}")
+    self._local = None
+
+  @classmethod
+  def from_config(cls, workdir: str, config, start: int, stop: int) -> "StepProfiler":
+    return cls(workdir, parse_profile_steps(config.log.get("profile_steps", "")), start, stop)
+
+  def before(self, step: int, state) -> None:
+    """Called before step `step` runs: starts the trace at the window's first step (or the first one run)."""
+    if self.done or self.active or not (self.window[0] <= step < self.window[1]):
+      return
+    jax.block_until_ready(state)
+    self._local = tempfile.mkdtemp(prefix="ncjax-profile-") if fileio.is_remote(self.dir) else self.dir
+    os.makedirs(self._local, exist_ok=True)
+    jax.profiler.start_trace(self._local, create_perfetto_trace=True)
+    self.active = True
+
+  def annotate(self, step: int):
+    import contextlib
+    return jax.profiler.StepTraceAnnotation("train", step_num=step) if self.active else contextlib.nullcontext()
+
+  def after(self, done: int, state) -> None:
+    """Called once the state has reached step `done`: stops the trace at the window's end."""
+    if self.active and done >= self.window[1]:
+      jax.block_until_ready(state)
+      self.stop()
+
+  def stop(self) -> None:
+    if not self.active:
+      return
+    jax.profiler.stop_trace()
+    self.active, self.done = False, True
+    if self._local != self.dir:   # a remote workdir: upload the trace files
+      for root, _, files in os.walk(self._local):
+        for f in files:
+          rel = os.path.relpath(os.path.join(root, f), self._local)
+          fileio.copy_file(os.path.join(root, f), fileio.join(self.dir, *rel.split(os.sep)))
+      shutil.rmtree(self._local, ignore_errors=True)
+
+  def close(self) -> None:
+    """The run ended (or failed) inside the window: stop and keep what was traced."""
+    self.stop()
 
 
 def _fmt_time(seconds: float) -> str:

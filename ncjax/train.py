@@ -33,7 +33,7 @@ from ncjax import sharding as shard_lib
 from ncjax.config_lib import to_json_dict
 from ncjax.contract import Stage, scalar_metrics, strip_diagnostics
 from ncjax.experiment import Experiment, build_experiment
-from ncjax.logging_utils import MetricWriter, Progress
+from ncjax.logging_utils import MetricWriter, Progress, StepProfiler
 
 log = logging.getLogger("ncjax")
 
@@ -332,7 +332,8 @@ class Trainer:
     state, span = self.restore_or_init()
     start = int(jax.device_get(state["step"]))
     stop = self.total_steps if until is None else min(until, self.total_steps)
-    writer = MetricWriter(self.workdir, tensorboard=cfg.log.tensorboard, resume_step=start)
+    profiler = StepProfiler.from_config(self.workdir, cfg, start, stop)   # log.profile_steps: a trace of A:B
+    writer = MetricWriter.from_config(self.workdir, cfg, resume_step=start)
     progress = Progress(stop, start, cfg.input.global_batch_size, enabled=cfg.log.progress,
                         every_steps=cfg.log.every_steps)
     pending = None  # (step, ids, metrics on device): checked one step late so the host never stalls the device
@@ -359,8 +360,10 @@ class Trainer:
         prog = self.program(span)
         batch, ids, input_stats = next(batches)
         skipped += input_stats["skipped_records"]
-        with jax.set_mesh(exp.mesh):  # losses may shard_map over the batch (e.g. per-row samplers)
+        profiler.before(step, state)
+        with jax.set_mesh(exp.mesh), profiler.annotate(step):  # losses may shard_map over the batch
           state, metrics = prog.step(state, batch)
+        profiler.after(step + 1, state)
         if pending is not None:
           log_pending()
         pending = (step + 1, ids, metrics, skipped)
@@ -397,6 +400,7 @@ class Trainer:
     else:
       self.checkpointer.wait()
     finally:
+      profiler.close()
       watch.close()
       progress.close()
       writer.close()
