@@ -5,8 +5,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+import recompute
 from helpers import ROOT, tiny_clip_config
 from ncjax import train
 
@@ -56,7 +58,6 @@ def test_eval_all_checkpoints_sharded_equals_single_device(tmp_path):
 
 
 def test_restored_sharded_checkpoint_embeds_identically_on_8_and_1_devices(tmp_path, devices):
-  import numpy as np
   from ncjax.evals import common
   cfg = tiny_clip_config(total_steps=2, **{"mesh.fsdp": 2})
   train.train(cfg, str(tmp_path))
@@ -75,7 +76,7 @@ def test_restored_sharded_checkpoint_embeds_identically_on_8_and_1_devices(tmp_p
   np.testing.assert_allclose(out[8][1], out[1][1], atol=1e-5)
 
 
-def test_eval_on_other_data_keeps_the_runs_state_and_its_own_results(tmp_path, built):
+def test_eval_on_other_data_keeps_the_runs_state_and_its_own_results(tmp_path, built, monkeypatch):
   # A GSC run (per-example labels sized by its 1,438 training pairs) evaluated on another built dataset of 15
   # pairs: the state is restored with the run's own config, the results go to eval/<dataset>, not over eval/.
   from helpers import make_config
@@ -88,7 +89,15 @@ def test_eval_on_other_data_keeps_the_runs_state_and_its_own_results(tmp_path, b
   other = cfg.copy_and_resolve_references()
   with other.unlocked():
     other.input.dataset, other.input.data_dir = "tfds:karpathy/flickr30k", built["data_dir"]
+  spy = recompute.ScoreSpy(monkeypatch)
   results, meta = evaluation.evaluate_checkpoint(other, str(workdir), 2)
-  assert meta["method"] == "gsc" and 0 <= results["retrieval"]["rsum"] <= 600
+  assert meta["method"] == "gsc"
+  # Retrieval on the other data's 2 test images and 13 captions: the scores it ranked are the restored
+  # checkpoint's own embeddings of that split (computed here), and its metrics are recomputed from them.
+  em, img, txt, split, _, _ = recompute.checkpoint_embeddings(workdir, 2, input_config=other.input)
+  assert (split.num_images, split.num_captions) == (2, 13)
+  ranked = spy.of_shape((2, 13))
+  np.testing.assert_allclose(ranked, img @ txt.T, atol=1e-5)
+  recompute.assert_recall_matches(results["retrieval"], ranked, split.caption_to_image)
   out = json.loads((workdir / "eval" / "tfds_karpathy_flickr30k_tfds" / "step_2.json").read_text())
   assert out["dataset"] == "tfds:karpathy/flickr30k" and not (workdir / "eval" / "step_2.json").exists()

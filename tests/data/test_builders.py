@@ -22,8 +22,9 @@ def test_webdataset_builder_keeps_order_ids_captions_and_subreddits(built):
   assert sp.image_meta["subreddit"][0] == "cats" and sp.image_meta["subreddit"][1] == "pics"
   good = readers.decode_image(sp.images.raw(1))
   assert good.shape == (30, 41, 3)
-  with pytest.raises(Exception):
-    readers.decode_image(sp.images.raw(2))  # the corrupt one survives the build, fails at decode
+  from PIL import UnidentifiedImageError
+  with pytest.raises(UnidentifiedImageError, match="cannot identify image file"):
+    readers.decode_image(sp.images.raw(2))  # the corrupt one survives the build, fails at decode (PIL's error)
   assert _no_tensorflow()
 
 

@@ -7,7 +7,9 @@ import numpy as np
 import jax
 import pytest
 
+import recompute
 from helpers import leaves, load_config, make_config, tiny_clip_config
+from ncjax import data as data_lib
 from ncjax import evaluation, train
 from ncjax.methods import METHODS
 
@@ -72,7 +74,7 @@ def test_meru_trains_with_its_entailment_term_and_clamps(start_models):
 
 @pytest.mark.parametrize("config_name,start", [("ac", 0), ("hac", 1)])
 def test_calibration_runs_from_its_start_model_and_reports_forget_retain_metrics(start_models, config_name, start,
-                                                                                  tmp_path):
+                                                                                  tmp_path, monkeypatch):
   init = start_models[start]
   cfg = make_config(config_name, f"init={init},batch=32", total_steps=3)
   with cfg.unlocked():
@@ -87,9 +89,32 @@ def test_calibration_runs_from_its_start_model_and_reports_forget_retain_metrics
   assert np.isfinite(result.metrics["loss"]) and "loss_neg" in result.metrics
   if config_name == "hac":
     assert {"loss_r_ent", "loss_f_ent", "loss_norm_reg"} <= set(result.metrics)
+  spy = recompute.ScoreSpy(monkeypatch)
   evals = evaluation.final(cfg, result, str(tmp_path))
   unl = evals["unlearning"]
-  assert 0 <= unl["F_acc"] <= 1 and 0 <= unl["R_acc"] <= 1 and "forget_i2t_R@1" in unl
+  # F-acc / R-acc and the forget / retain recalls recomputed here from the scores the evaluator ranked, and those
+  # scores checked against the run's own embeddings: the digits test split's 359 images, 718 captions, and the 10
+  # class prompts of the slides' single template "a picture of a {}" (one template: no ensemble to restate).
+  exp = result.experiment
+  split = data_lib.load_split(cfg.input, "test", exp.model_spec.image_size)
+  em = exp.method.eval_model(result.params)
+  img, txt = recompute.split_embeddings(em, split, exp.tokenizer, cfg, exp.model_spec.image_size)
+  prompts = exp.tokenizer.encode([f"a picture of a {name}" for name in split.class_names])
+  weights = np.asarray(jax.jit(em.encode_text)(prompts))
+  class_scores = spy.of_shape((split.num_images, len(split.class_names)))
+  np.testing.assert_allclose(class_scores, np.asarray(jax.jit(em.score)(img, weights)), atol=1e-4)
+  labels, forget = np.asarray(split.image_labels), np.asarray(split.image_labels) == 3    # concept: "three"
+  predicted = class_scores.argmax(axis=1)
+  assert unl["F_acc"] == pytest.approx(np.mean(predicted[forget] == 3), abs=1e-12)
+  assert unl["R_acc"] == pytest.approx(np.mean(predicted[~forget] == labels[~forget]), abs=1e-12)
+  assert (unl["n_forget"], unl["n_retain"]) == (forget.sum(), (~forget).sum())
+  sim = spy.of_shape((split.num_images, split.num_captions))
+  np.testing.assert_allclose(sim, np.asarray(jax.jit(em.score)(img, txt)), atol=1e-4)
+  i2t, t2i = recompute.ranks(sim, split.caption_to_image)
+  caption_forget = forget[np.asarray(split.caption_to_image)]
+  for k in (1, 5, 10):
+    assert unl[f"forget_i2t_R@{k}"] == pytest.approx(100 * np.mean(i2t[forget] < k), abs=1e-9)
+    assert unl[f"retain_t2i_R@{k}"] == pytest.approx(100 * np.mean(t2i[~caption_forget] < k), abs=1e-9)
   files = os.listdir(tmp_path / "eval")
   if config_name == "hac":
     assert unl["norm_forget_images"] > 0 and any(f.endswith("_norms.png") for f in files)

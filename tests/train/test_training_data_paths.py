@@ -4,6 +4,7 @@ import jax
 import ml_collections
 import numpy as np
 
+import recompute
 from helpers import tiny_clip_config
 from ncjax import train
 
@@ -17,7 +18,7 @@ def test_trainer_with_in_batch_noise_runs_and_resumes_exactly(tmp_path):
     np.testing.assert_array_equal(x, y)
 
 
-def test_training_from_a_built_karpathy_dataset_with_retrieval_eval(built, tmp_path):
+def test_training_from_a_built_karpathy_dataset_with_retrieval_eval(built, tmp_path, monkeypatch):
   cfg = tiny_clip_config(total_steps=2, **{"input.dataset": "tfds:karpathy/flickr30k",
                                            "input.data_dir": built["data_dir"], "input.global_batch_size": 8,
                                            "noise.kind": "caption_shuffle", "noise.ratio": 0.2})
@@ -25,5 +26,12 @@ def test_training_from_a_built_karpathy_dataset_with_retrieval_eval(built, tmp_p
     cfg.evals = ml_collections.ConfigDict(dict(retrieval=dict(type="retrieval", split="test")))
   from ncjax import evaluation
   result = train.train(cfg, str(tmp_path))
+  spy = recompute.ScoreSpy(monkeypatch)
   res = evaluation.final(cfg, result, str(tmp_path))["retrieval"]
-  assert 0 <= res["i2t_R@1"] <= 100 and res["i2t_R@10"] == 100.0  # 2 test images: everything within top 10
+  # The test split's 2 images and 13 captions (6 + 7), embedded here from the run's parameters: the evaluator ranked
+  # these scores, and its recalls and ranks are what an independent restatement computes from them.
+  own, c2i = recompute.own_scores(result, cfg)
+  assert own.shape == (2, 13) and c2i.tolist() == [0] * 6 + [1] * 7
+  ranked = spy.of_shape(own.shape)
+  np.testing.assert_allclose(ranked, own, atol=1e-5)
+  recompute.assert_recall_matches(res, ranked, c2i)
