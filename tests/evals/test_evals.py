@@ -25,14 +25,40 @@ def test_recall_at_k_hand_made_with_variable_captions_and_ties():
   assert r["text_retrieval_recall@1"] == pytest.approx(1 / 3)
 
 
-def test_recall_identity_is_perfect_and_folds_average():
+def test_recall_identity_is_perfect():
   n = 10
   c2i = np.repeat(np.arange(n), 2)
   s = (c2i[None, :] == np.arange(n)[:, None]).astype(np.float32)
   r = retrieval.recall_at_k(s, c2i)
   assert r["i2t_R@1"] == 100.0 and r["t2i_R@1"] == 100.0 and r["rsum"] == 600.0
-  folds = retrieval.recall_at_k_folds(s, c2i, n_folds=5)
-  assert folds["i2t_R@1"] == 100.0
+
+
+def test_folds_evaluate_each_block_of_consecutive_images_alone_and_average():
+  """NCR's COCO 1K x 5: fold f holds images [f n/5, (f+1) n/5) and their captions, ranked among themselves only.
+  Random scores with each image's strongest distractors planted in another fold: the fold average must equal the
+  mean of the five restated per-fold recalls (tests/recompute.py) and beat the whole-matrix recall, which the
+  distractors spoil (on the identity matrix every fold scores 100 and nothing is tested)."""
+  import recompute
+  rng = np.random.default_rng(0)
+  n, folds = 25, 5
+  c2i = np.concatenate([np.repeat(np.arange(n), 2), [3, 17]])   # 2 captions per image, 3 for images 3 and 17
+  s = rng.normal(size=(n, len(c2i))).astype(np.float32)
+  s[c2i, np.arange(len(c2i))] += 1.0                            # own captions score higher on average
+  for j, i in enumerate(c2i):                                    # the best image of every third caption lies in
+    if j % 3 == 0:                                               # the next fold: a miss on the whole matrix only
+      s[(i + n // folds) % n, j] = s[:, j].max() + 1.0
+  got = retrieval.recall_at_k_folds(s, c2i, n_folds=folds)
+  size = n // folds
+  per_fold = []
+  for f in range(folds):
+    caps = np.flatnonzero(c2i // size == f)
+    per_fold.append(recompute.recall(s[f * size:(f + 1) * size][:, caps], c2i[caps] - f * size))
+  for key in ("i2t_R@1", "i2t_R@5", "t2i_R@1", "t2i_R@5", "rsum", "i2t_meanr", "t2i_medr"):
+    assert got[key] == pytest.approx(np.mean([r[key] for r in per_fold]), abs=1e-9), key
+  whole = recompute.recall(s, c2i)
+  assert got["t2i_R@1"] > whole["t2i_R@1"] + 20 and got["t2i_R@5"] == 100.0 > whole["t2i_R@5"]
+  with pytest.raises(ValueError, match="do not split into 5 equal folds"):
+    retrieval.recall_at_k_folds(s[:24], c2i[c2i < 24], n_folds=5)
 
 
 def test_recall_rejects_mismatched_index():
