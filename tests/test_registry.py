@@ -24,7 +24,9 @@ def test_registry_refuses_duplicates_and_names_known_entries():
     reg.get("b")
 
 
-def test_every_lookup_by_name_goes_through_a_registry():
+def test_each_kind_of_named_component_has_a_populated_registry_that_refuses_duplicates():
+  """Methods, evaluators, towers, geometries, datasets, tokenizers and Sinkhorn solvers each live in one Registry
+  (named as such: that every lookup by name in ncjax goes through one is a convention, not checked here)."""
   from ncjax import data, evals, methods, models, ot, tokenizers
   from ncjax.models import geometry, two_tower
   for reg in (methods.METHODS, evals.EVALUATORS, two_tower.IMAGE_TOWERS, two_tower.TEXT_TOWERS,

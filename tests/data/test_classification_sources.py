@@ -1,5 +1,8 @@
 """Labelled image data from local files for zero-shot and linear probes: image folders, tables, prepared tfds."""
 
+import socket
+import sys
+
 import ml_collections
 import numpy as np
 import pytest
@@ -40,14 +43,34 @@ def test_image_folder_table_with_names_or_indices(tmp_path):
     _load(f"image_folder:{tmp_path / 'missing'}", "test")
 
 
+class _NoTensorFlow:
+  """A meta-path finder refusing `tensorflow` and its submodules."""
+
+  def find_spec(self, name, path=None, target=None):
+    if name == "tensorflow" or name.startswith("tensorflow."):
+      raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+    return None
+
+
 @pytest.mark.parametrize("tfrecord", [False, True])
-def test_prepared_tfds_dataset_is_read_without_downloading_or_tensorflow(tmp_path, tfrecord):
+def test_prepared_tfds_dataset_is_read_without_downloading_or_tensorflow(tmp_path, tfrecord, monkeypatch):
   data_dir = str(tmp_path / "tfds")
   labels = fx.write_prepared_tfds(data_dir, tfrecord=tfrecord)
+  # While it reads, importing TensorFlow fails as where it is not installed (even where it is), and so does opening
+  # any network connection; and TensorFlow is not imported by the read.
+  assert "tensorflow" not in sys.modules
+  monkeypatch.setattr(sys, "meta_path", [_NoTensorFlow()] + sys.meta_path)
+
+  def no_network(*args, **kwargs):
+    raise AssertionError(f"a network connection was attempted: {args}")
+
+  monkeypatch.setattr(socket.socket, "connect", no_network)
+  monkeypatch.setattr(socket, "create_connection", no_network)
   split = _load("tfds:cifar10", "test", data_dir)
   assert split.class_names == fx.CIFAR10_NAMES
   np.testing.assert_array_equal(split.image_labels, labels["test"])
   assert data_lib.eval_images(split, 32, "openai")[0:3].shape == (3, 32, 32, 3)
+  assert "tensorflow" not in sys.modules
   with pytest.raises(readers.DataFormatError, match="no split 'validation'"):
     _load("tfds:cifar10", "validation", data_dir)
 

@@ -50,19 +50,28 @@ def test_chunked_infonce_equals_dense(devices):
 def test_chunked_softmax_diagonals_and_forget_selection(devices):
   v, t, _ = _batch(64, seed=1)
   row, col = ncu.clean_confidence(v, t, LOGIT_SCALE, "row"), ncu.clean_confidence(v, t, LOGIT_SCALE, "mean")
+  dense_forget = {s: np.asarray(ncu.select_forget(v, t, LOGIT_SCALE, 0.25, s)[0]) for s in ("row", "mean")}
+  # the selection is only meaningful if the chunked confidences decide it: no near tie at the 16th lowest
+  for s, conf in (("row", row), ("mean", col)):
+    ordered = np.sort(np.asarray(conf))
+    assert ordered[16] - ordered[15] > 1e-4 and dense_forget[s].sum() == 16
+
+  def chunked(v, t):
+    return tuple(ncu.clean_confidence(v, t, LOGIT_SCALE, s, chunk=16) for s in ("row", "mean")) + tuple(
+        ncu.select_forget(v, t, LOGIT_SCALE, 0.25, s, chunk=16)[0] for s in ("row", "mean"))
+
   for devs in (None, devices):
     if devs is None:
-      got_row = ncu.clean_confidence(v, t, LOGIT_SCALE, "row", chunk=16)
-      got_mean = ncu.clean_confidence(v, t, LOGIT_SCALE, "mean", chunk=16)
+      got_row, got_mean, forget_row, forget_mean = chunked(v, t)
     else:
       mesh = make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1)), devs)
       sh = NamedSharding(mesh, P(tuple(mesh.axis_names)))
       with jax.set_mesh(mesh):
-        f = jax.jit(lambda v, t: (ncu.clean_confidence(v, t, LOGIT_SCALE, "row", chunk=16),
-                                  ncu.clean_confidence(v, t, LOGIT_SCALE, "mean", chunk=16)))
-        got_row, got_mean = f(jax.device_put(v, sh), jax.device_put(t, sh))
+        got_row, got_mean, forget_row, forget_mean = jax.jit(chunked)(jax.device_put(v, sh), jax.device_put(t, sh))
     np.testing.assert_allclose(np.asarray(got_row), np.asarray(row), atol=1e-5)
     np.testing.assert_allclose(np.asarray(got_mean), np.asarray(col), atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(forget_row), dense_forget["row"])
+    np.testing.assert_array_equal(np.asarray(forget_mean), dense_forget["mean"])
 
 
 @pytest.mark.parametrize("ratio,normalize", [(0.25, False), (0.0, True), (1.0, False)])

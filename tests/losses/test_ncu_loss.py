@@ -136,7 +136,18 @@ def test_forget_score_mean_and_text_target_normalisation_options():
   v, t, tn = crosscheck_inputs()
   row = np.asarray(ncu.clean_confidence(v, t, LOGIT_SCALE, "row"))
   mean = np.asarray(ncu.clean_confidence(v, t, LOGIT_SCALE, "mean"))
-  assert not np.allclose(row, mean)
+  # the paper's Eq. 2 restated in float64: w_i = (softmax_row(sS)_ii + softmax_col(sS)_ii) / 2 with s = 1/0.07;
+  # 'row' (the public code, methods.md §1.4) is the first term alone
+  logits = np.exp(LOGIT_SCALE) * (v.astype(np.float64) @ t.astype(np.float64).T)
+  soft_row = np.exp(logits - logits.max(1, keepdims=True))
+  soft_row = np.diagonal(soft_row / soft_row.sum(1, keepdims=True))
+  soft_col = np.exp(logits - logits.max(0, keepdims=True))
+  soft_col = np.diagonal(soft_col / soft_col.sum(0, keepdims=True))
+  np.testing.assert_allclose(row, soft_row, atol=1e-6)
+  np.testing.assert_allclose(mean, 0.5 * (soft_row + soft_col), atol=1e-6)
+  assert np.abs(mean - row).max() > 1e-2                      # the two scores differ on these inputs
+  np.testing.assert_array_equal(np.asarray(ncu.select_forget(v, t, LOGIT_SCALE, 0.25, "mean")[0]),
+                                np.isin(np.arange(8), np.argsort(0.5 * (soft_row + soft_col), kind="stable")[:2]))
   forget, _ = ncu.select_forget(v, t, LOGIT_SCALE, 0.25)
   _, m = ncu.unlearning_loss(v, t, tn, LOGIT_SCALE, forget, normalize_text_targets=True)
   np.testing.assert_allclose(np.asarray(m["targets_txt"]).sum(1), 1.0, atol=1e-5)

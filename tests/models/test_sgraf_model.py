@@ -69,11 +69,20 @@ def test_zero_vectors_have_finite_gradients_and_wrong_feature_sizes_are_named():
     _model().encode_image(jnp.zeros((2, 6, 2048)))
 
 
-def test_intra_modal_structures_are_square_and_symmetric_in_shape():
+def test_intra_modal_structures_are_symmetric_with_one_self_similarity():
+  """GSC's image-image and caption-caption structures through the shared head are built from squared differences
+  (region i vs region i, word l vs word l, global vs global), so swapping the two items changes nothing: both
+  matrices are symmetric in value, not only square. An item compared with itself has zero differences, so every
+  diagonal entry is the head's score of the zero difference, the same for all items; off the diagonal the items
+  differ. (Every entry is a sigmoid, in (0, 1), whatever the head computes: that range tests nothing.)"""
   model = _model()
-  img = model.encode_image(jnp.asarray(np.random.default_rng(3).normal(size=(3, 6, 12)), jnp.float32))
-  txt = model.encode_text(_tokens([2, 5, 3], 8))
+  img = model.encode_image(jnp.asarray(np.random.default_rng(3).normal(size=(4, 6, 12)), jnp.float32))
+  txt = model.encode_text(_tokens([2, 5, 3, 5], 8))
   a, b = np.asarray(model.image_structure(img)), np.asarray(model.text_structure(txt))
-  assert a.shape == b.shape == (3, 3) and np.all((a > 0) & (a < 1)) and np.all((b > 0) & (b < 1))
-  # an image compared with itself has zero differences: its self-structure is the same value for every image
-  np.testing.assert_allclose(np.diag(a), np.diag(a)[0], atol=1e-6)
+  assert a.shape == b.shape == (4, 4)
+  np.testing.assert_allclose(a, a.T, atol=1e-6)
+  np.testing.assert_allclose(b, b.T, atol=1e-6)
+  for m in (a, b):
+    np.testing.assert_allclose(np.diag(m), np.diag(m)[0], atol=1e-6)
+    off = m[~np.eye(4, dtype=bool)]
+    assert np.abs(off - np.diag(m)[0]).min() > 1e-4
