@@ -9,7 +9,8 @@ import sys
 
 def main(argv=None):
   parser = argparse.ArgumentParser()
-  parser.add_argument("--suites", default="foundation,data,checkpoint,tokenizer,ncu,steps,gsc_bayes,scale,region",
+  parser.add_argument("--suites", default="foundation,data,eval_input,checkpoint,tokenizer,ncu,steps,gsc_bayes,scale,"
+                      "region",
                       help="comma-separated suites to run")
   parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run of the benchmarks)")
   parser.add_argument("--methods", default="", help="steps suite only: config names to time beside CLIP "
@@ -20,8 +21,10 @@ def main(argv=None):
   runtime.configure_cpu_devices(int(os.environ.get("NCJAX_BENCH_CPU_DEVICES", "8")))
   import absl.logging
   absl.logging.set_verbosity(absl.logging.WARNING)
-  from benchmarks import checkpoint, common, data, foundation, gsc_bayes, ncu, region, scale, steps, tokenizer
-  suites = {"foundation": foundation.run, "data": data.run, "checkpoint": checkpoint.run,
+  from benchmarks import (checkpoint, common, data, eval_input, foundation, gsc_bayes, ncu, region, scale, steps,
+                          tokenizer)
+  suites = {"foundation": foundation.run, "data": data.run, "eval_input": eval_input.run,
+            "checkpoint": checkpoint.run,
             "tokenizer": tokenizer.run, "ncu": ncu.run,
             "steps": steps.run, "gsc_bayes": gsc_bayes.run, "scale": scale.run,
             "region": region.run}

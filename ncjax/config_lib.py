@@ -131,6 +131,9 @@ def base_config() -> ml_collections.ConfigDict:
       dataset="digits", data_dir="", split="train", global_batch_size=256, shuffle_seed=0,
       eval_batch_size=512, min_word_count=1, on_bad_record="skip",
       normalization="openai", resize="shortest", augment=True, crop_scale=(0.9, 1.0), num_threads=8, prefetch=4,
+      # evaluation images decoded and transformed in parallel: -1 = one worker per usable core, 0 = serially
+      # (`ncjax eval --num_workers`); eval_decode: 'thread' or 'process' workers
+      eval_workers=-1, eval_decode="thread",
   ))
 
   # Noise applied to the training pairs; the ground-truth clean flag is kept for diagnostics only.

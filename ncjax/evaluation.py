@@ -180,22 +180,30 @@ def evaluate_checkpoint(config, workdir: str, step: int):
   return evaluation.run(step, state), meta
 
 
-def evaluate_pretrained(config, spec: str, output: str) -> dict:
-  """Evaluate an imported checkpoint as it is (no training): the evaluators of `config` (noise detection, which
-  needs training pairs, is left out) on the model `spec` describes; writes OUTPUT/eval/step_0.json."""
+def restore_pretrained(config, spec: str, mesh=None):
+  """(method, {'step': 0, 'params'}, resolved, tokenizer, mesh) of an imported checkpoint (`spec`: openai:PATH,
+  open_clip:PATH, hf:DIR, meru:PATH, ...) under `config`'s method, its architecture and preprocessing laid in."""
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.method.init_from = spec
-    config.evals = {k: v for k, v in config.evals.items() if (v.type if "type" in v else k) != "noise_detection"}
   resolved = experiment.resolve(config)
-  config = resolved.config
-  mesh = shard_lib.make_mesh(config.mesh)
+  mesh = mesh if mesh is not None else shard_lib.make_mesh(resolved.config.mesh)
   tokenizer = tokenizers.build_tokenizer([], context_length=resolved.model.context_length,
                                          kind=resolved.model.tokenizer_kind)
   method = resolved.method(tokenizer=tokenizer, num_examples=0)
   param_sh = shard_lib.param_shardings(method.abstract_params(), mesh)
   params = resolved.init.overlay(jax.jit(method.init_params, out_shardings=param_sh)(), method.abstract_params(),
                                  param_sh)
-  evaluation = Evaluation(config, model_spec=resolved.model, tokenizer=tokenizer, mesh=mesh, method=method,
-                          out_dir=fileio.join(output, "eval"), info=dict(init=spec))
-  return evaluation.run(0, dict(params=params))
+  return method, dict(step=0, params=params), resolved, tokenizer, mesh
+
+
+def evaluate_pretrained(config, spec: str, output: str) -> dict:
+  """Evaluate an imported checkpoint as it is (no training): the evaluators of `config` (noise detection, which
+  needs training pairs, is left out) on the model `spec` describes; writes OUTPUT/eval/step_0.json."""
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.evals = {k: v for k, v in config.evals.items() if (v.type if "type" in v else k) != "noise_detection"}
+  method, state, resolved, tokenizer, mesh = restore_pretrained(config, spec)
+  evaluation = Evaluation(resolved.config, model_spec=resolved.model, tokenizer=tokenizer, mesh=mesh,
+                          method=method, out_dir=fileio.join(output, "eval"), info=dict(init=spec))
+  return evaluation.run(0, state)

@@ -4,6 +4,8 @@
   ncjax train --config=... --workdir=...          (the console script; `train` is the default command)
   ncjax eval --checkpoints=WORKDIR[,WORKDIR2/checkpoints/400] [--config=...]   (evaluate saved checkpoints)
   ncjax eval --init=open_clip:PATH [--config=configs/clip.py] --output=DIR     (evaluate a pretrained model)
+  ncjax eval --checkpoints=WORKDIR|--init=SPEC --datasets=tfds:cifar10,image_folder:PATH@val,flickr30k --output=DIR
+             [--tasks=auto,linear_probe --suite=FILE.json --num_workers=8 --skip_existing]   (an evaluation suite)
   ncjax export --checkpoint=WORKDIR[:STEP] --format=open_clip|hf --output=DIR  (back to PyTorch tools)
   ncjax ncbench --config=configs/ncbench.py:noise=0.2+0.4,seeds=3,methods=clip+ncu+gsc --workdir=DIR
                                                   (every method on the same noise, data and budget)
@@ -74,6 +76,22 @@ _OUTPUT = flags.DEFINE_string("output", None, "eval: where the summary table goe
                               "export: the directory to write")
 _INIT = flags.DEFINE_string("init", None, "eval: evaluate a pretrained checkpoint directly (openai:PATH, "
                             "open_clip:PATH, hf:DIR, meru:PATH) with --config's evaluators")
+_DATASETS = flags.DEFINE_string(
+    "datasets", None, "eval: a suite of datasets, comma-separated: image_folder:PATH, table:PATH.csv, tfds:NAME, "
+    "tfds:karpathy/flickr30k, digits, or CLIP_benchmark's names (cifar10, imagenet1k, flickr30k, ...), each "
+    "optionally @SPLIT; one JSON per (checkpoint, dataset) under --output, a summary and a plot")
+_SUITE = flags.DEFINE_string("suite", None, "eval: a JSON suite file: a list of {dataset, split, tasks, templates, "
+                             "classnames, data_dir, name, evaluator options}")
+_TASKS = flags.DEFINE_string("tasks", "auto", "eval suite: tasks run on each dataset: zeroshot, retrieval, "
+                             "linear_probe, or auto (zero-shot on labelled data, retrieval otherwise)")
+_DATA_DIR = flags.DEFINE_string("data_dir", "", "eval suite: where tfds datasets are prepared or built (default: the "
+                                "config's input.data_dir)")
+_NUM_WORKERS = flags.DEFINE_integer("num_workers", None, "eval suite: threads (or processes) decoding evaluation images "
+                                    "in parallel (default input.eval_workers: one per usable core; 0: serially)")
+_DECODE = flags.DEFINE_enum("decode", None, ["thread", "process"], "eval suite: decode workers are threads (default) or "
+                            "spawned processes")
+_SKIP_EXISTING = flags.DEFINE_bool("skip_existing", False, "eval suite: keep the results a (checkpoint, dataset) "
+                                   "JSON already holds instead of recomputing them")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "export: WORKDIR[:STEP] (default: its latest checkpoint)")
 _FORMAT = flags.DEFINE_enum("format", "open_clip", ["open_clip", "hf"], "export: open_clip folder or transformers "
                             "CLIPModel directory")
@@ -178,6 +196,22 @@ def eval_command(config):
   return rows
 
 
+def suite_command(config):
+  """`ncjax eval --datasets=...` / `--suite=FILE`: every dataset and task on every checkpoint (or the pretrained
+  model of --init); see ncjax.eval_suite."""
+  from ncjax import eval_suite, fileio
+  if bool(_CHECKPOINTS.value) == bool(_INIT.value):
+    raise app.UsageError("an eval suite needs --checkpoints=WORKDIR[,...] or --init=SPEC (one of them)")
+  data_dir = _DATA_DIR.value
+  entries = eval_suite.parse_datasets(_DATASETS.value or "", _TASKS.value, data_dir)
+  if _SUITE.value:
+    entries += eval_suite.load_suite_file(_SUITE.value, _TASKS.value, data_dir)
+  checkpoints = expand_checkpoints(_CHECKPOINTS.value) if _CHECKPOINTS.value else None
+  output = _OUTPUT.value or (fileio.join(checkpoints[0][0], "eval", "suite") if checkpoints else "eval_suite")
+  return eval_suite.run_suite(entries, eval_suite.models_of(checkpoints, _INIT.value), output, config=config,
+                              skip_existing=_SKIP_EXISTING.value, workers=_NUM_WORKERS.value, decode=_DECODE.value)
+
+
 def write_summary(rows: list[dict], out_dir: str) -> tuple[str, str]:
   import csv
   import io
@@ -269,6 +303,9 @@ def main(argv):
     return
   if command == "eval":
     _init_jax()
+    if _DATASETS.value or _SUITE.value:
+      suite_command(_CONFIG.value)
+      return
     if _INIT.value:
       from ncjax import config_lib
       config = _CONFIG.value if _CONFIG.value is not None else config_lib.load_config_file("clip")

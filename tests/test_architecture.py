@@ -34,7 +34,7 @@ ALLOWED = {
               "pretrained"},
 }
 # Entry points (CLI, demo, tools, the evaluation path) may import anything; nothing below may import them.
-TOP = {"train", "experiment", "evaluation", "main", "demo", "testing"}
+TOP = {"train", "experiment", "evaluation", "eval_suite", "audit", "main", "demo", "testing"}
 
 
 def _modules() -> dict[str, str]:

@@ -3,7 +3,8 @@
 `input.dataset` names: an in-memory dataset ('digits', 'synthetic'); 'tfds:<builder>/<config>' for a dataset built
 by `python -m ncjax.data.build` (web_pairs, karpathy, precomp, digits); 'tfds:<name>' for any other tfds dataset
 prepared under input.data_dir (cifar10, imagenet2012, ...: classification, for evaluation); 'image_folder:PATH' for
-a local labelled image tree or table (ncjax.data.classification).
+a local labelled image tree or table, 'table:PATH' for a CSV / TSV of image-caption pairs read as it is
+(ncjax.data.classification).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ def load_split(input_config, split: str, image_size: int) -> PairSplit:
   if name.startswith("image_folder:"):
     from ncjax.data import classification
     return classification.load_image_folder(name[len("image_folder:"):], split)
+  if name.startswith("table:"):
+    from ncjax.data import classification
+    return classification.load_pair_table(name[len("table:"):], split)
   if name.startswith("tfds:"):
     from ncjax.data import sources, tfds_builders
     builder, _, config = name[len("tfds:"):].partition("/")
@@ -39,12 +43,14 @@ def load_split(input_config, split: str, image_size: int) -> PairSplit:
   return DATASETS[name](split, image_size=image_size)
 
 
-def eval_images(split: PairSplit, image_size: int, normalization: str = "openai", resize: str = "shortest"):
-  """The split's images as evaluators batch over them: arrays, or a view applying the evaluation transform."""
+def eval_images(split: PairSplit, image_size: int, normalization: str = "openai", resize: str = "shortest",
+                workers: int = -1, decode: str = "thread"):
+  """The split's images as evaluators batch over them: arrays, or a view applying the evaluation transform, each
+  slice decoded by `workers` threads or processes (-1: one per usable core; 0: serially)."""
   if isinstance(split.images, np.ndarray):
     return split.images
   from ncjax.data.sources import TransformedImages
-  return TransformedImages(split.images, image_size, normalization, resize)
+  return TransformedImages(split.images, image_size, normalization, resize, workers=workers, decode=decode)
 
 
 __all__ = ["PairSplit", "load_split", "eval_images", "DATASETS"]

@@ -6,6 +6,13 @@
                         index order). For folder trees, classnames.txt may give readable names for the folders
                         ('n01440764<TAB>tench' lines, or one name per line in sorted-folder order). A SPLIT
                         sub-folder (or SPLIT.csv) is used when present; otherwise PATH itself serves every split.
+  table:PATH            a CSV / TSV table of (image, caption) pairs, read as it is (no build step): PATH a .csv/.tsv
+                        file, or a directory holding SPLIT.csv / SPLIT.tsv. The image column is the first of
+                        filepath, image, image_path, path, file, url; the caption column the first of title, caption,
+                        text, sentence (open_clip's `filepath` / `title` included); tab-separated when the header
+                        holds a tab. Rows naming the same image are one image with several captions (retrieval's
+                        any-caption protocol); an optional `label` column (index or name; names from classnames.txt
+                        beside the table, else the sorted label strings) makes it a zero-shot dataset too.
   tfds:NAME[/CONFIG]    a TensorFlow Datasets dataset you already prepared under `input.data_dir` (e.g. cifar10,
                         cifar100, oxford_iiit_pet, imagenet2012), in ArrayRecord or TFRecord files; read without
                         TensorFlow, with the image / label features of its supervised keys.
@@ -154,6 +161,67 @@ def _load_table(root: str, table: str, names_file, split: str) -> PairSplit:
   return PairSplit(images=FileImages(paths, f"image_folder/{split}"), captions=_captions(labels, names_file),
                    caption_to_image=np.arange(len(paths)), image_labels=labels, class_names=tuple(names_file),
                    name=f"image_folder:{table}")
+
+
+TABLE_IMAGE_COLUMNS = ("filepath", "image", "image_path", "path", "file", "url")
+TABLE_CAPTION_COLUMNS = ("title", "caption", "text", "sentence")
+
+
+def load_pair_table(path: str, split: str) -> PairSplit:
+  """A `table:` split (see the module docstring): image-caption pairs of a CSV / TSV, images read lazily."""
+  path = os.path.expanduser(path)
+  if os.path.isdir(path):
+    found = [os.path.join(path, f"{split}.{ext}") for ext in ("csv", "tsv")]
+    table = next((f for f in found if os.path.isfile(f)), None)
+    if table is None:
+      raise readers.DataFormatError(f"table: {path} holds no {split}.csv or {split}.tsv; "
+                                    f"found {sorted(os.listdir(path))[:10]}")
+  elif os.path.isfile(path):
+    table = path
+  else:
+    raise readers.DataFormatError(f"table: no such file or directory {path} (expected a .csv/.tsv of image, caption "
+                                  f"pairs, or a directory of SPLIT.csv)")
+  with open(table, newline="", encoding="utf-8") as f:
+    header = f.readline()
+    f.seek(0)
+    rows = list(csv.DictReader(f, delimiter="\t" if "\t" in header else ","))
+  columns = list(rows[0]) if rows else []
+  image_col = next((c for c in TABLE_IMAGE_COLUMNS if c in columns), None)
+  caption_col = next((c for c in TABLE_CAPTION_COLUMNS if c in columns), None)
+  if image_col is None or caption_col is None:
+    raise readers.DataFormatError(
+        f"{table}: expected an image column (one of {list(TABLE_IMAGE_COLUMNS)}) and a caption column (one of "
+        f"{list(TABLE_CAPTION_COLUMNS)}); the header has {columns or 'no rows'}")
+  base = os.path.dirname(os.path.abspath(table))
+  image_index, paths, captions, c2i, image_rows = {}, [], [], [], []
+  for k, r in enumerate(rows):
+    p = r[image_col].strip()
+    p = p if os.path.isabs(p) else os.path.join(base, p)
+    if p not in image_index:
+      image_index[p] = len(paths)
+      paths.append(p)
+      image_rows.append(k)
+    captions.append(r[caption_col])
+    c2i.append(image_index[p])
+  missing = [p for p in paths if not os.path.isfile(p)]
+  if missing:
+    raise readers.DataFormatError(f"{table}: {len(missing)} image files do not exist, e.g. {missing[:3]}")
+  labels = class_names = None
+  if "label" in columns:
+    raw = [rows[k]["label"].strip() for k in image_rows]
+    names_file = _read_classnames(os.path.join(base, "classnames.txt"))
+    if isinstance(names_file, list):
+      class_names = names_file
+    elif all(x.isdigit() for x in raw):
+      class_names = [str(i) for i in range(max(int(x) for x in raw) + 1)]
+    else:
+      class_names = sorted(set(raw))
+    index = {n: i for i, n in enumerate(class_names)}
+    labels = np.asarray([int(x) if x.isdigit() else index.get(x, -1) for x in raw], np.int64)
+    if (labels < 0).any() or labels.max() >= len(class_names):
+      raise readers.DataFormatError(f"{table}: labels outside classnames.txt's {len(class_names)} names")
+  return PairSplit(images=FileImages(paths, f"table/{split}"), captions=captions, caption_to_image=np.asarray(c2i),
+                   image_labels=labels, class_names=tuple(class_names or ()), name=f"table:{table}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -88,7 +88,9 @@ class Evaluator(abc.ABC):
 
   def images(self, split):
     cfg = self.context.config
-    return data_lib.eval_images(split, self.context.model.image_size, cfg.input.normalization, cfg.input.resize)
+    return data_lib.eval_images(split, self.context.model.image_size, cfg.input.normalization, cfg.input.resize,
+                                workers=cfg.input.get("eval_workers", -1),
+                                decode=cfg.input.get("eval_decode", "thread"))
 
   @abc.abstractmethod
   def run(self, eval_model) -> dict:

@@ -25,14 +25,38 @@ def _builtin_templates() -> dict:
     return {k: tuple(v) for k, v in json.load(f).items() if not k.startswith("_")}
 
 
+def _read_list_file(path: str, what: str, dataset: str = ""):
+  """A .txt file (one entry per line) or a JSON file: a list, a {class name: [prompts]} dict, or a dict keyed by
+  dataset (CLIP_benchmark's en_zeroshot_classification_templates.json / en_classnames.json layout), of which the
+  evaluated dataset's entry is taken."""
+  with open(path, encoding="utf-8") as f:
+    if not path.endswith(".json"):
+      return tuple(line.rstrip("\n") for line in f if line.strip())
+    data = json.load(f)
+  if isinstance(data, list):
+    return tuple(data)
+  if isinstance(data, dict):
+    from ncjax.data.classification import TFDS_TO_CLIP_BENCHMARK
+    base = dataset.split(":", 1)[-1].split("/")[0]
+    for key in (dataset, base, TFDS_TO_CLIP_BENCHMARK.get(base, "")):
+      if key and key in data and isinstance(data[key], list):
+        return tuple(data[key])
+    if what == "templates":
+      return {k: tuple(v) for k, v in data.items()}   # class-specific prompts
+    raise ValueError(f"{path}: a dict of class-name lists without an entry for {dataset!r} (keys: "
+                     f"{sorted(data)[:10]})")
+  raise ValueError(f"{path}: expected a JSON list or dict of {what}")
+
+
 def templates_for(name: str, dataset: str = ""):
   """A template set: 'imagenet80' (CLIP paper), 'imagenet7' (OpenAI's subset), 'cifar', 'single', 'digits' (the
   digits caption templates with their attributes marginalised), 'digits_plain' (four class-only prompts), 'auto'
   (the evaluated dataset's own CLIP prompts: digits', or CLIP_benchmark's for tfds:cifar10, tfds:imagenet2012, ...;
-  imagenet80 otherwise), or a JSON file path holding a list of templates, or a {class name: [prompts]} dict
-  (class-specific, CuPL-style)."""
+  imagenet80 otherwise), a CLIP_benchmark dataset key ('cifar100', 'imagenet1k', 'pets', ...: its prompts), or a
+  file: .txt (one template per line), JSON list, JSON {class name: [prompts]} (class-specific, CuPL-style) or JSON
+  {dataset: [templates]} (CLIP_benchmark's layout). Templates hold '{}' or CLIP_benchmark's '{c}'."""
+  from ncjax.data.classification import zeroshot_templates
   if name == "auto":
-    from ncjax.data.classification import zeroshot_templates
     base = dataset.split(":", 1)[-1].split("/")[0]
     if base == "digits":
       name = "digits"
@@ -48,14 +72,37 @@ def templates_for(name: str, dataset: str = ""):
   if name in builtin:
     return builtin[name]
   if os.path.isfile(name):
-    with open(name, encoding="utf-8") as f:
-      data = json.load(f)
-    if isinstance(data, list) and all("{}" in t for t in data):
-      return tuple(data)
-    if isinstance(data, dict):
-      return {k: tuple(v) for k, v in data.items()}
-    raise ValueError(f"{name}: expected a JSON list of templates containing '{{}}' or a dict class -> prompts")
-  raise ValueError(f"unknown template set {name!r}; built in: {sorted(builtin) + ['digits', 'digits_plain']}, or a JSON file path")
+    found = _read_list_file(name, "templates", dataset)
+    if isinstance(found, dict):
+      return found
+    found = tuple(t.replace("{c}", "{}") for t in found)
+    if not found or not all("{}" in t for t in found):
+      raise ValueError(f"{name}: every template must hold '{{}}' (or '{{c}}') where the class name goes")
+    return found
+  known = zeroshot_templates(name)
+  if known:
+    return known
+  raise ValueError(f"unknown template set {name!r}; built in: {sorted(builtin) + ['digits', 'digits_plain']}, a "
+                   f"CLIP_benchmark dataset key (cifar10, imagenet1k, ...), or a .txt / .json file path")
+
+
+def class_names_for(spec: str, dataset: str, own) -> tuple[str, ...]:
+  """The class names zero-shot prompts are filled with: the split's own (`spec` ''), CLIP_benchmark's curated
+  names of a dataset key ('imagenet1k', 'cifar10', ...), or a file: .txt (one name per line, in label order), JSON
+  list, or JSON {dataset: [names]} (CLIP_benchmark's en_classnames.json layout)."""
+  if not spec:
+    return tuple(own)
+  if os.path.isfile(spec):
+    names = _read_list_file(spec, "class names", dataset)
+  else:
+    from ncjax.data.classification import curated_class_names
+    names = curated_class_names(spec)
+    if names is None:
+      raise ValueError(f"classnames={spec!r} is neither a file nor a dataset with CLIP_benchmark's curated names")
+  names = tuple(names)
+  if own and len(names) != len(own):
+    raise ValueError(f"classnames={spec!r} gives {len(names)} names for the {len(own)} classes of {dataset}")
+  return names
 
 
 def ensemble_sphere(template_embeddings: np.ndarray) -> np.ndarray:
@@ -107,20 +154,28 @@ class ZeroShot(Evaluator):
   """Zero-shot classification of the split's labelled images with a prompt ensemble.
 
   Args:
-    templates: a template set name (see `templates_for`; 'auto': the dataset's own prompts) or a JSON file path.
+    templates: a template set name (see `templates_for`; 'auto': the dataset's own prompts), a CLIP_benchmark
+      dataset key, or a .txt / .json file path.
+    classnames: '' (the dataset's own names), a CLIP_benchmark dataset key (its curated names), or a .txt / .json
+      file (see `class_names_for`).
     dataset, split: see Evaluator.
   """
   task = "zeroshot_classification"
 
-  def __init__(self, context, *, templates: str = "auto", dataset: str = "", split: str = "test", data_dir: str = ""):
+  def __init__(self, context, *, templates: str = "auto", classnames: str = "", dataset: str = "",
+               split: str = "test", data_dir: str = ""):
     super().__init__(context, dataset=dataset, split=split, data_dir=data_dir)
-    self.templates = templates
+    self.templates, self.classnames = templates, classnames
+
+  def class_names(self, split) -> tuple[str, ...]:
+    return class_names_for(self.classnames, self.dataset or self.context.config.input.dataset, split.class_names)
 
   def check(self):
     split = self.data()
     if split.image_labels is None:
       raise ValueError(f"{split.name} has no class labels: zero-shot classification needs them")
     templates_for(self.templates, self.dataset or self.context.config.input.dataset)
+    self.class_names(split)
 
   def scores(self, eval_model):
     split = self.data()
@@ -128,7 +183,7 @@ class ZeroShot(Evaluator):
       raise ValueError(f"{split.name} has no class labels: zero-shot classification needs them")
     ctx = self.context
     dataset = self.dataset or ctx.config.input.dataset
-    weights = classifier(eval_model, ctx.tokenizer, split.class_names, templates_for(self.templates, dataset),
+    weights = classifier(eval_model, ctx.tokenizer, self.class_names(split), templates_for(self.templates, dataset),
                          ctx.mesh, self.batch_size)
     img = common.embed_images(eval_model, self.images(split), self.batch_size, ctx.mesh)
     return common.score_matrix(eval_model, img, weights), split

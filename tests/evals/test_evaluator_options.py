@@ -27,7 +27,7 @@ def test_options_reach_the_evaluator_and_generic_keys_are_stripped():
 def test_misspelt_option_names_the_evaluator_and_its_accepted_options():
   cfg = ml_collections.ConfigDict(dict(zeroshot=dict(type="zeroshot", templtes="digits")))
   with pytest.raises(ValueError, match=r"evals.zeroshot: evaluator 'zeroshot' has no option 'templtes'; "
-                                       r"it accepts \['data_dir', 'dataset', 'split', 'templates'\]"):
+                                       r"it accepts \['classnames', 'data_dir', 'dataset', 'split', 'templates'\]"):
     evals.build_evaluators(cfg, _context())
 
 

@@ -1,0 +1,111 @@
+"""`ncjax eval` as a suite: several datasets (an ImageFolder tree, a CSV pair table, the embedded digits) over
+every checkpoint of a run, one JSON per (checkpoint, dataset), a summary and a plot; --skip_existing; a suite file
+with the user's class names and templates and a linear probe; dataset names as CLIP_benchmark writes them."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers import ROOT, tiny_clip_config
+from ncjax import eval_suite, train
+from ncjax.data import digits
+
+
+def _data(root):
+  """An ImageFolder tree (val/<class>/*.png, 5 digits per class) and a pair table (40 captions, several per image)."""
+  split = digits.load("test", image_size=32)
+  img = ((split.images[..., 0] * 0.5 + 0.5) * 255).clip(0, 255).astype(np.uint8)
+  for c in range(10):
+    d = root / "folder" / "val" / digits.CLASS_NAMES[c]
+    d.mkdir(parents=True)
+    for j in np.flatnonzero(split.image_labels == c)[:5]:
+      Image.fromarray(img[j]).convert("RGB").save(d / f"{j}.png")
+  (root / "table" / "images").mkdir(parents=True)
+  lines = ["filepath,title"]
+  for k in range(40):
+    j = split.caption_to_image[k]
+    Image.fromarray(img[j]).convert("RGB").save(root / "table" / "images" / f"{j}.png")
+    lines.append(f'images/{j}.png,"{split.captions[k]}"')
+  (root / "table" / "pairs.csv").write_text("\n".join(lines) + "\n")
+
+
+def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path):
+  run = tmp_path / "run"
+  train.train(tiny_clip_config(total_steps=2, **{"ckpt.every_steps": 1}), str(run))
+  _data(tmp_path)
+  out = tmp_path / "out"
+  folder, table = tmp_path / "folder", tmp_path / "table" / "pairs.csv"
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  res = subprocess.run([sys.executable, "-m", "ncjax.main", "eval", f"--checkpoints={run}",
+                        f"--datasets=image_folder:{folder}@val,table:{table},digits", f"--output={out}",
+                        "--num_workers=2", "--cpu_devices=8"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600, env=env)
+  assert res.returncode == 0, res.stderr[-3000:]
+  files = {"image_folder_folder_val.json", "table_pairs.csv_test.json", "digits_test.json"}
+  for step in (1, 2):   # one JSON per (checkpoint, dataset)
+    assert set(os.listdir(out / f"run_step{step}")) == files
+  record = json.loads((out / "run_step2" / "table_pairs.csv_test.json").read_text())
+  assert record["step"] == 2 and record["workdir"] == str(run) and set(record["tasks"]) == {"retrieval"}
+  assert record["records"][0]["task"] == "zeroshot_retrieval" and "image_retrieval_recall@5" in \
+      record["records"][0]["metrics"]   # CLIP_benchmark's keys
+  folder_zs = json.loads((out / "run_step2" / "image_folder_folder_val.json").read_text())["tasks"]["zeroshot"]
+  assert {"acc1", "acc5", "mean_per_class_recall"} <= set(folder_zs)
+  summary = (out / "summary.md").read_text().splitlines()
+  assert len(summary) == 4 and summary[2].startswith("| run_step1 ") and "digits@test zeroshot acc1" in summary[0]
+  assert (out / "summary.csv").read_text().count("\n") == 7 and (out / "summary.png").stat().st_size > 10_000
+
+  # a suite file: the folder again, now with the user's class names and templates and a linear probe; with
+  # skip_existing the zero-shot result already there is kept and only the probe runs
+  (tmp_path / "names.txt").write_text("\n".join(f"digit {n}" for n in digits.CLASS_NAMES) + "\n")
+  (tmp_path / "templates.txt").write_text("a photo of the number {c}.\nthe digit {}.\n")
+  (tmp_path / "suite.json").write_text(json.dumps([dict(
+      dataset=f"image_folder:{folder}", split="val", tasks=["zeroshot", "linear_probe"], train_split="val",
+      classnames=str(tmp_path / "names.txt"), templates=str(tmp_path / "templates.txt"))]))
+  entries = eval_suite.load_suite_file(str(tmp_path / "suite.json"))
+  models = eval_suite.models_of([(str(run), 2)], None)
+  rows = eval_suite.run_suite(entries, models, str(out), skip_existing=True, workers=2)
+  kept = json.loads((out / "run_step2" / "image_folder_folder_val.json").read_text())
+  assert kept["tasks"]["zeroshot"] == folder_zs and 0 <= kept["tasks"]["linear_probe"]["lp_acc1"] <= 1
+  assert {(r["task"], r["model"]) for r in rows} == {("zeroshot", "run_step2"), ("linear_probe", "run_step2")}
+  # everything done: the checkpoint is not restored again
+  again = eval_suite.run_suite(entries, models, str(out), skip_existing=True)
+  assert [r["main"] for r in again] == [r["main"] for r in rows]
+
+
+def test_user_class_names_and_templates_reach_the_classifier(tmp_path):
+  from ncjax.evals import zeroshot
+  (tmp_path / "t.txt").write_text("a {c} here.\n\nthe {}.\n")
+  assert zeroshot.templates_for(str(tmp_path / "t.txt")) == ("a {} here.", "the {}.")
+  (tmp_path / "bench.json").write_text(json.dumps({"cifar10": ["x {c}."], "other": ["y {c}."]}))
+  assert zeroshot.templates_for(str(tmp_path / "bench.json"), "tfds:cifar10") == ("x {}.",)
+  assert zeroshot.templates_for("cifar100")[0] == "a photo of a {}."   # CLIP_benchmark's, shipped
+  assert zeroshot.class_names_for("imagenet1k", "image_folder:/in1k", ())[:2] == ("tench", "goldfish")
+  (tmp_path / "n.txt").write_text("a\nb\n")
+  assert zeroshot.class_names_for(str(tmp_path / "n.txt"), "x", ("0", "1")) == ("a", "b")
+  with pytest.raises(ValueError, match="gives 2 names for the 3 classes"):
+    zeroshot.class_names_for(str(tmp_path / "n.txt"), "x", ("0", "1", "2"))
+  (tmp_path / "bad.txt").write_text("no placeholder\n")
+  with pytest.raises(ValueError, match="must hold"):
+    zeroshot.templates_for(str(tmp_path / "bad.txt"))
+
+
+def test_dataset_specs_aliases_and_tasks():
+  entries = eval_suite.parse_datasets("cifar10,image_folder:/data/in1k@val,flickr30k", tasks="auto,linear_probe")
+  assert [(e.resolved_dataset, e.split, e.tasks) for e in entries] == [
+      ("tfds:cifar10", "test", ("auto", "linear_probe")), ("image_folder:/data/in1k", "val", ("auto", "linear_probe")),
+      ("tfds:karpathy/flickr30k", "test", ("auto", "linear_probe"))]
+  assert eval_suite.DATASET_ALIASES["imagenet1k"] == "tfds:imagenet2012"
+  assert [e.slug for e in entries] == ["cifar10_test", "image_folder_in1k_val", "flickr30k_test"]
+  with pytest.raises(ValueError, match="unknown task"):
+    eval_suite.parse_datasets("digits", tasks="zero_shot")
+  split = digits.load("test")
+  assert eval_suite.entry_tasks(entries[0], split) == ["zeroshot", "linear_probe"]
+  split.image_labels = None
+  assert eval_suite.entry_tasks(eval_suite.SuiteEntry("x"), split) == ["retrieval"]
+  with pytest.raises(ValueError, match="needs class labels"):
+    eval_suite.entry_tasks(entries[0], split)
