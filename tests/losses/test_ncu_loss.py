@@ -33,7 +33,10 @@ def test_crosscheck_forget_selection():
   np.testing.assert_array_equal(np.flatnonzero(np.asarray(forget)), [2, 5])
 
 
-@pytest.mark.parametrize("solver,tol", [("ott", 1e-4), ("reference", 2e-6)])
+# The README's numbers: the public loop (`reference`) reproduces methods.md §1.7's values to 1e-6 (they are printed
+# to 6 decimals; measured 1.9e-7 / 3.6e-7 / 4.0e-7), ott-jax's log-domain solver to 5e-5 (measured 4.3e-5 on
+# L_txt). The total adds two rounded values: twice the tolerance.
+@pytest.mark.parametrize("solver,tol", [("ott", 5e-5), ("reference", 1e-6)])
 def test_crosscheck_unlearning_loss(solver, tol):
   v, t, tn = crosscheck_inputs()
   forget, _ = ncu.select_forget(v, t, LOGIT_SCALE, 0.25)
@@ -41,8 +44,8 @@ def test_crosscheck_unlearning_loss(solver, tol):
   assert float(m["loss_img"]) == pytest.approx(2.677844, abs=tol)
   assert float(m["loss_txt"]) == pytest.approx(2.364622, abs=tol)
   assert float(m["loss_otr"]) == pytest.approx(2.521233, abs=tol)
-  assert float(m["loss_sep"]) == pytest.approx(0.216589, abs=2e-6)
-  assert float(loss) == pytest.approx(2.521233 + 0.216589, abs=tol)
+  assert float(m["loss_sep"]) == pytest.approx(0.216589, abs=1e-6)
+  assert float(loss) == pytest.approx(2.521233 + 0.216589, abs=2 * tol)
   plan_v, plan_t = np.asarray(m["plan_img"]), np.asarray(m["plan_txt"])
   np.testing.assert_allclose(plan_v.sum(0), 1 / 9, atol=3e-7)          # column marginals exact (to float32 rounding)
   np.testing.assert_allclose(plan_v.sum(1), 1 / 8, atol=1.5e-4)        # rows within tolerance

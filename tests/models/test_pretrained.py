@@ -152,9 +152,11 @@ def test_bf16_compute_stays_within_tolerance(tmp_path):
   txt = np.asarray(jax.jit(lambda p, t: nnx.merge(gd, p).encode_text(t))(params, tokens))
   ri, rt = _open_clip_embeddings(ref, images, tokens)
   assert img.dtype == np.float32
-  np.testing.assert_allclose(img, ri, atol=2e-2)   # bf16 towers: embeddings within 2e-2 (cosines within 1e-3)
-  np.testing.assert_allclose(txt, rt, atol=2e-2)
-  assert np.min(np.sum(img * ri, -1)) > 0.999 and np.min(np.sum(txt * rt, -1)) > 0.999
+  # bf16 towers: embeddings within 1e-2 of open_clip's float32 (measured 1.7e-3 / 3.1e-3), cosines above 0.9999 —
+  # and not equal to them to float32 rounding (the float32 import is within 1e-4, measured ~3e-7): bf16 was used
+  for ours, ref_emb in ((img, ri), (txt, rt)):
+    assert 1e-4 < np.abs(ours - ref_emb).max() < 1e-2
+    assert np.min(np.sum(ours * ref_emb, -1)) > 0.9999
 
 
 @pytest.mark.parametrize("fmt", ["open_clip", "hf"])

@@ -51,8 +51,11 @@ def test_kernel_iterates_equal_the_reference_loop(n, ratio):
   forget, _ = ncu.select_forget(v, t, LOGIT_SCALE, ratio)
   ref_loss, ref = ncu.unlearning_loss(v, t, tn, LOGIT_SCALE, forget, solver="reference")
   loss, got = ncu.unlearning_loss(v, t, tn, LOGIT_SCALE, forget, solver="kernel")
-  np.testing.assert_allclose(np.asarray(got["plan_img"]), np.asarray(ref["plan_img"]), rtol=1e-4, atol=1e-9)
-  np.testing.assert_allclose(np.asarray(got["plan_txt"]), np.asarray(ref["plan_txt"]), rtol=1e-4, atol=1e-9)
+  # the README's "within 3e-7 of the loop": every plan entry (entries up to ~0.016; measured 1.6e-8), and the
+  # relative error of the nonzero entries within 1e-4 (measured 3e-5)
+  for key in ("plan_img", "plan_txt"):
+    np.testing.assert_allclose(np.asarray(got[key]), np.asarray(ref[key]), rtol=0, atol=3e-7)
+    np.testing.assert_allclose(np.asarray(got[key]), np.asarray(ref[key]), rtol=1e-4, atol=1e-9)
   assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
   assert int(got["sinkhorn_iterations_img"]) == int(ref["sinkhorn_iterations_img"])
 
@@ -100,6 +103,7 @@ def test_an_empty_column_gets_no_mass_and_no_nan():
   ker = KernelSinkhorn(max_iterations=50)(cost, mask).plan
   ref = ReferenceSinkhorn(max_iterations=50)(cost, mask).plan
   assert np.isfinite(np.asarray(ker)).all() and (np.asarray(ker)[:, 6] == 0).all()
+  np.testing.assert_allclose(np.asarray(ker), np.asarray(ref), rtol=0, atol=3e-7)
   np.testing.assert_allclose(np.asarray(ker), np.asarray(ref), rtol=1e-4, atol=1e-9)
 
 
