@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ncjax-installed
 
-.PHONY: demo demo-all test test-unit test-all chaos bench clean
+.PHONY: demo demo-all test test-unit test-all chaos bench clean chromium
 
 # pip's own byte-compilation of all ~17,000 installed files ran serially and took 64 of the install's 111 s; the
 # packages are installed without it and then compiled on every core, skipping trees that neither ncjax nor its tests
@@ -37,8 +37,14 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(PY) -m pytest -q -n $(WORKERS) -m "not slow and not e2e" tests
 
-test-all: $(STAMP)
+test-all: $(STAMP) chromium
 	$(PY) -m pytest -q -n $(WORKERS) tests
+
+# `ncjax audit`'s report is rendered by a headless Chromium in a slow test (tests/cli/test_audit.py): Debian's
+# package, installed when missing (as root; elsewhere install it yourself or the test is skipped).
+chromium:
+	@command -v chromium > /dev/null 2>&1 || command -v chromium-browser > /dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null)
 
 # Fault injection: 20 real runs (NCU two-stage, GSC) SIGKILLed 3 times each, resumed, compared bitwise.
 chaos: $(STAMP)

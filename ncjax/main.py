@@ -7,6 +7,8 @@
   ncjax eval --checkpoints=WORKDIR|--init=SPEC --datasets=tfds:cifar10,image_folder:PATH@val,flickr30k --output=DIR
              [--tasks=auto,linear_probe --suite=FILE.json --num_workers=8 --skip_existing]   (an evaluation suite)
   ncjax export --checkpoint=WORKDIR[:STEP] --format=open_clip|hf --output=DIR  (back to PyTorch tools)
+  ncjax audit --checkpoint=WORKDIR[:STEP]|--init=SPEC [--config=...] [--dataset=...] --output=DIR
+                                                  (every pair ranked by suspicion: audit.csv and index.html)
   ncjax ncbench --config=configs/ncbench.py:noise=0.2+0.4,seeds=3,methods=clip+ncu+gsc --workdir=DIR
                                                   (every method on the same noise, data and budget)
 
@@ -92,7 +94,15 @@ _DECODE = flags.DEFINE_enum("decode", None, ["thread", "process"], "eval suite: 
                             "spawned processes")
 _SKIP_EXISTING = flags.DEFINE_bool("skip_existing", False, "eval suite: keep the results a (checkpoint, dataset) "
                                    "JSON already holds instead of recomputing them")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "export: WORKDIR[:STEP] (default: its latest checkpoint)")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "export, audit: WORKDIR[:STEP] (default: its latest "
+                                  "checkpoint)")
+_DATASET = flags.DEFINE_string("dataset", "", "audit: the dataset whose pairs are scored (default: the data the run "
+                               "trained on; with --init, the config's input.dataset)")
+_SPLIT = flags.DEFINE_string("split", "", "audit: its split (default: the run's / config's training split)")
+_SCORE = flags.DEFINE_enum("score", "auto", ["auto", "similarity", "method"], "audit: the run's own per-sample clean "
+                           "scores (method: GSC labels, Bayesian CL weights, NCU scores), the model's similarity of "
+                           "each pair, or auto (the method's when it keeps them and the pairs are its own)")
+_TOP = flags.DEFINE_integer("top", 100, "audit: the most suspicious pairs shown as thumbnails in index.html")
 _FORMAT = flags.DEFINE_enum("format", "open_clip", ["open_clip", "hf"], "export: open_clip folder or transformers "
                             "CLIPModel directory")
 _MODULE = flags.DEFINE_string("module", "model", "export: which two-tower module of the method ('model'; 'net_a' "
@@ -101,7 +111,7 @@ _PLUGINS = flags.DEFINE_list("plugins", [], "Python files (path/to/my_method.py)
                              "before anything else: methods, evaluators, datasets or towers registered outside "
                              "ncjax (`@ncjax.methods.register(...)`), usable by every command")
 
-COMMANDS = ("train", "eval", "export", "ncbench")
+COMMANDS = ("train", "eval", "export", "ncbench", "audit")
 
 
 def load_plugins(specs) -> list:
@@ -284,6 +294,25 @@ def export_command():
   return files
 
 
+def _split_checkpoint(spec: str) -> tuple[str, int | None]:
+  """'WORKDIR[:STEP|:latest]' -> (WORKDIR, STEP or None); a gs:// workdir keeps its own colon."""
+  head, _, tail = spec.rpartition(":")
+  if head and (tail.isdigit() or tail == "latest"):
+    return head, (int(tail) if tail.isdigit() else None)
+  return spec, None
+
+
+def audit_command(config):
+  """Score every pair of a dataset with a run or a pretrained model; write DIR/audit.csv, plots and index.html."""
+  from ncjax import audit
+  if not _OUTPUT.value or bool(_CHECKPOINT.value) == bool(_INIT.value):
+    raise app.UsageError("audit needs --output=DIR and --checkpoint=WORKDIR[:STEP] or --init=SPEC (with --config)")
+  workdir, step = _split_checkpoint(_CHECKPOINT.value) if _CHECKPOINT.value else ("", None)
+  return audit.run(_OUTPUT.value, top=_TOP.value, checkpoint=workdir, step=step, init=_INIT.value or "",
+                   config=config, dataset=_DATASET.value, split=_SPLIT.value, data_dir=_DATA_DIR.value,
+                   score=_SCORE.value)
+
+
 def _upload(local: str, remote: str) -> str:
   from ncjax import fileio
   fileio.copy_file(local, remote)
@@ -300,6 +329,10 @@ def main(argv):
   if command == "export":
     _init_jax()
     export_command()
+    return
+  if command == "audit":
+    _init_jax()
+    audit_command(_CONFIG.value)
     return
   if command == "eval":
     _init_jax()

@@ -12,7 +12,8 @@
                         text, sentence (open_clip's `filepath` / `title` included); tab-separated when the header
                         holds a tab. Rows naming the same image are one image with several captions (retrieval's
                         any-caption protocol); an optional `label` column (index or name; names from classnames.txt
-                        beside the table, else the sorted label strings) makes it a zero-shot dataset too.
+                        beside the table, else the sorted label strings) makes it a zero-shot dataset too; an
+                        optional `clean` column (0/1) is a ground-truth flag per pair (noise detection, audits).
   tfds:NAME[/CONFIG]    a TensorFlow Datasets dataset you already prepared under `input.data_dir` (e.g. cifar10,
                         cifar100, oxford_iiit_pet, imagenet2012), in ArrayRecord or TFRecord files; read without
                         TensorFlow, with the image / label features of its supervised keys.
@@ -220,8 +221,16 @@ def load_pair_table(path: str, split: str) -> PairSplit:
     labels = np.asarray([int(x) if x.isdigit() else index.get(x, -1) for x in raw], np.int64)
     if (labels < 0).any() or labels.max() >= len(class_names):
       raise readers.DataFormatError(f"{table}: labels outside classnames.txt's {len(class_names)} names")
+  pair_clean = None
+  if "clean" in columns:    # a ground-truth clean flag per pair (diagnostics: noise detection, `ncjax audit`)
+    flags = [r["clean"].strip().lower() for r in rows]
+    bad = sorted({f for f in flags if f not in ("0", "1", "true", "false")})
+    if bad:
+      raise readers.DataFormatError(f"{table}: the clean column holds {bad[:3]}; expected 0/1 or true/false")
+    pair_clean = np.asarray([f in ("1", "true") for f in flags], bool)
   return PairSplit(images=FileImages(paths, f"table/{split}"), captions=captions, caption_to_image=np.asarray(c2i),
-                   image_labels=labels, class_names=tuple(class_names or ()), name=f"table:{table}")
+                   image_labels=labels, class_names=tuple(class_names or ()), name=f"table:{table}",
+                   pair_clean=pair_clean)
 
 
 # ---------------------------------------------------------------------------------------------------------------
