@@ -27,7 +27,7 @@ def main(argv=None):
             "checkpoint": checkpoint.run,
             "tokenizer": tokenizer.run, "ncu": ncu.run,
             "steps": steps.run, "gsc_bayes": gsc_bayes.run, "scale": scale.run,
-            "region": region.run}
+            "region": region.run, "gradcache": gradcache.run}
   for name in args.suites.split(","):
     if name not in suites:
       raise SystemExit(f"unknown suite {name!r}; suites: {sorted(suites)}")

@@ -155,6 +155,10 @@ def base_config() -> ml_collections.ConfigDict:
       # 'stage': a schedule per stage; 'run': one over every stage (NCU's code; offset: it counts epochs from 1).
       schedule_scope="stage", schedule_offset_epochs=0, decay_every_epochs=0, decay_factor=0.1,
       freeze="",  # regex over parameter paths ('model/img/...'): matching parameters are frozen
+      # > 1: the towers encode the global batch in this many device-local micro-batches, each recomputed in the
+      # backward pass (GradCache): the exact full-batch gradient of every global-batch loss with the activation
+      # memory of one micro-batch per device (ncjax/models/microbatch.py). Must divide the per-device batch.
+      micro_batches=1,
   ))
 
   c.evals = ml_collections.ConfigDict()  # evaluator name -> ConfigDict(type=..., every_steps=..., ...)

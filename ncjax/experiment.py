@@ -26,6 +26,7 @@ from ncjax.data.concepts import concept_train_data
 from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform_from_config, noise_from_config
 from ncjax.data.pipeline import TrainData
 from ncjax.methods import Method, MethodSetup, build_method, method_class
+from ncjax.models.microbatch import check_micro_batches
 from ncjax.options import Options
 
 
@@ -86,7 +87,7 @@ class Resolved:
     c = self.config
     return MethodSetup(model=self.model, tokenizer=tokenizer, num_examples=num_examples, num_epochs=c.num_epochs,
                        seed=c.seed, lr=c.optim.lr, weight_decay=c.optim.weight_decay, freeze=c.optim.freeze,
-                       prior_scores=prior_scores)
+                       micro_batches=c.optim.micro_batches, prior_scores=prior_scores)
 
   def method(self, *, tokenizer, num_examples: int, prior_scores=None) -> Method:
     return build_method(self.method_class.name, self.setup(tokenizer=tokenizer, num_examples=num_examples,
@@ -158,6 +159,7 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
   resolved = resolve(config)
   config, spec = resolved.config, resolved.model
   mesh = shard_lib.make_mesh(config.mesh, devices)
+  check_micro_batches(config.input.global_batch_size, mesh.devices.size, config.optim.micro_batches)
   split = data_lib.load_split(config.input, config.input.split, spec.image_size)
   if saved_tokenizer is None:
     saved_tokenizer = resolved.init.saved_tokenizer()

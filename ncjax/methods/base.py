@@ -58,6 +58,7 @@ class MethodSetup:
   lr: float = 1e-3
   weight_decay: float = 0.0
   freeze: str = ""
+  micro_batches: int = 1   # optim.micro_batches: encoders over device-local micro-batches (ncjax.models.microbatch)
   prior_scores: np.ndarray | None = dataclasses.field(default=None, compare=False)
 
 

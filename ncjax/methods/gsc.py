@@ -66,7 +66,8 @@ class GSC(Method):
   def create_modules(self):
     tok = self.tokenizer
     return {name: models.build_model(self.model_spec, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
-                                     pad_id=tok.pad_id, seed=self.setup.seed + k)
+                                     pad_id=tok.pad_id, seed=self.setup.seed + k,
+                                     micro_batches=self.setup.micro_batches)
             for k, name in enumerate(self.nets)}
 
   def init_state(self, capacity):

@@ -33,6 +33,11 @@ class RegionMethod(Method):
 
   model_kinds = ("region",)
 
+  def __init__(self, setup, options=None):
+    super().__init__(setup, options)
+    if setup.micro_batches > 1:
+      raise ValueError(models.REGION_MICRO_BATCHES)
+
   def create_modules(self):
     tok = self.tokenizer
     return {"model": models.build_model(self.model_spec, vocab_size=tok.vocab_size, eot_id=tok.eot_id,

@@ -40,7 +40,7 @@ class TwoTowerMethod(Method):
   def create_modules(self):
     tok = self.tokenizer
     model = models.build_two_tower(self.model_spec, vocab_size=tok.vocab_size, eot_id=tok.eot_id,
-                                   pad_id=tok.pad_id, seed=self.setup.seed)
+                                   pad_id=tok.pad_id, seed=self.setup.seed, micro_batches=self.setup.micro_batches)
     return {"model": model}
 
 

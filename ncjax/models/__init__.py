@@ -148,8 +148,9 @@ class ModelSpec:
 
 
 def build_two_tower(spec: ModelSpec, *, vocab_size: int | None, eot_id: int, pad_id: int = 0,
-                    seed: int = 0) -> TwoTower:
-  """Instantiate a TwoTower from a ModelSpec (call under `nnx.eval_shape` for abstract shapes)."""
+                    seed: int = 0, micro_batches: int = 1) -> TwoTower:
+  """Instantiate a TwoTower from a ModelSpec (call under `nnx.eval_shape` for abstract shapes). `micro_batches`:
+  the towers encode each batch in that many device-local micro-batches (ncjax.models.microbatch)."""
   if spec.dtype not in DTYPES:
     raise ValueError(f"unknown model.dtype {spec.dtype!r}; expected one of {sorted(DTYPES)}")
   if spec.geometry not in GEOMETRIES:
@@ -172,7 +173,7 @@ def build_two_tower(spec: ModelSpec, *, vocab_size: int | None, eot_id: int, pad
     geo_kwargs["curv_init"] = spec.curv_init
   geometry = GEOMETRIES[spec.geometry](**geo_kwargs, rngs=rngs)
   return TwoTower(image, text, geometry, logit_scale_init=spec.logit_scale_init,
-                  logit_bias_init=spec.logit_bias_init)
+                  logit_bias_init=spec.logit_bias_init, micro_batches=micro_batches)
 
 
 def with_vocabulary(spec: ModelSpec, vocab_size: int | None) -> dict:
@@ -180,14 +181,25 @@ def with_vocabulary(spec: ModelSpec, vocab_size: int | None) -> dict:
   return _with_vocab(spec.towers, spec.size, vocab_size)
 
 
-def build_model(spec: ModelSpec, *, vocab_size: int, eot_id: int, pad_id: int = 0, seed: int = 0) -> nnx.Module:
+def build_model(spec: ModelSpec, *, vocab_size: int, eot_id: int, pad_id: int = 0, seed: int = 0,
+                micro_batches: int = 1) -> nnx.Module:
   """The model a ModelSpec describes: a TwoTower, or SGRAF's region retrieval model (ncjax.models.sgraf). Both
   expose encode_image / encode_text / similarity / score / image_structure / text_structure and `eval_model()`
   (the region model also pair_score: the score of aligned pairs)."""
   if spec.is_region:
+    if micro_batches > 1:
+      raise ValueError(REGION_MICRO_BATCHES)
     from ncjax.models.sgraf import build_region_model
     return build_region_model(spec.region, vocab_size=vocab_size, pad_id=pad_id, seed=seed)
-  return build_two_tower(spec, vocab_size=vocab_size, eot_id=eot_id, pad_id=pad_id, seed=seed)
+  return build_two_tower(spec, vocab_size=vocab_size, eot_id=eot_id, pad_id=pad_id, seed=seed,
+                         micro_batches=micro_batches)
+
+
+REGION_MICRO_BATCHES = (
+    "optim.micro_batches > 1 is not available for the region-feature models (SGRAF, GSC on SGRAF, DisNCL): their "
+    "similarity is a learned B x B head over every image's regions and every caption's words of the batch, not a "
+    "function of per-sample embeddings, so the batch cannot be encoded in independent micro-batches; use "
+    "optim.micro_batches=1 (a smaller global batch, or model.region.pairs_per_step to bound the head's memory)")
 
 
 __all__ = ["TwoTower", "ModelSpec", "build_two_tower", "build_model", "resolve_model_spec", "with_vocabulary",

@@ -113,6 +113,16 @@ def _run_block(block: ResidualBlock, x, causal, key_mask):
   return block(x, causal=causal, key_mask=key_mask)
 
 
+def _run_block_remat(block: ResidualBlock, x, causal, key_mask):
+  """The block under `jax.checkpoint`, closing over the block's parameters (already traced values: the trainer
+  merges them in at trace time). A plain jax transform rather than `nnx.remat`, which re-splits the module's state
+  and refuses to do so inside another transform's trace — the micro-batched encoders' `lax.map`
+  (ncjax.models.microbatch)."""
+  def run(x, key_mask):
+    return block(x, causal=causal, key_mask=key_mask)
+  return jax.checkpoint(run)(x, key_mask)
+
+
 class Transformer(nnx.Module):
   """A stack of residual blocks named `block_0 .. block_{depth-1}` (so freezing regexes can name them)."""
 
@@ -127,7 +137,7 @@ class Transformer(nnx.Module):
 
   def __call__(self, x, *, causal: bool = False, key_mask=None):
     # Rematerialisation trades one extra forward per block for activation memory (large contrastive batches).
-    run = nnx.remat(_run_block, static_argnums=(2,)) if self.remat else _run_block
+    run = _run_block_remat if self.remat else _run_block
     for i in range(self.depth):
       x = run(getattr(self, f"block_{i}"), x, causal, key_mask)
     return x

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ncjax.contract import EvalModel
+from ncjax.models.microbatch import micro_batched
 from ncjax.models.text import TextTransformer
 from ncjax.models.vit import VisionTransformer
 from ncjax.numerics import MAX_LOGIT_SCALE
@@ -44,7 +45,11 @@ class TwoTower(nnx.Module):
   """
 
   def __init__(self, image_tower: nnx.Module, text_tower: nnx.Module, geometry: nnx.Module, *,
-               logit_scale_init: float = math.log(1 / 0.07), logit_bias_init: float | None = None):
+               logit_scale_init: float = math.log(1 / 0.07), logit_bias_init: float | None = None,
+               micro_batches: int = 1):
+    # > 1: both towers encode a batch in this many device-local micro-batches under jax.checkpoint (GradCache:
+    # the full-batch gradient with one micro-batch's activations alive; ncjax.models.microbatch)
+    self.micro_batches = int(micro_batches)
     self.img = image_tower
     self.txt = text_tower
     self.geometry = geometry
@@ -60,13 +65,20 @@ class TwoTower(nnx.Module):
     return self.logit_bias[...] if self.has_bias else jnp.zeros((), jnp.float32)
 
   def encode_image(self, images, *, return_features: bool = False):
-    emb, features = self.img(images, return_features=True)
-    emb = self.geometry.embed(emb, "image")
+    def encode(x):
+      emb, features = self.img(x, return_features=True)
+      return self.geometry.embed(emb, "image"), features
+
+    emb, features = micro_batched(encode, images, micro_batches=self.micro_batches)
     return (emb, features) if return_features else emb
 
   def encode_text(self, tokens, *, token_embeddings=None, return_features: bool = False):
-    emb, features = self.txt(tokens, token_embeddings=token_embeddings, return_features=True)
-    emb = self.geometry.embed(emb, "text")
+    def encode(t, *embedded):
+      emb, features = self.txt(t, token_embeddings=embedded[0] if embedded else None, return_features=True)
+      return self.geometry.embed(emb, "text"), features
+
+    args = (tokens,) if token_embeddings is None else (tokens, token_embeddings)
+    emb, features = micro_batched(encode, *args, micro_batches=self.micro_batches)
     return (emb, features) if return_features else emb
 
   def similarity(self, image_emb, text_emb):
