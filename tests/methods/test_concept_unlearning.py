@@ -62,14 +62,50 @@ def start_models(tmp_path_factory):
   return str(root / "clip"), str(root / "meru"), meru
 
 
-def test_meru_trains_with_its_entailment_term_and_clamps(start_models):
+def test_meru_trains_with_its_entailment_term(start_models):
   _, _, meru = start_models
   assert {"loss_contrastive", "loss_entailment", "curvature"} <= set(meru.metrics)
   assert meru.metrics["loss"] == pytest.approx(meru.metrics["loss_contrastive"] + 0.2 * meru.metrics["loss_entailment"],
                                                rel=1e-5)
-  geo = jax.device_get(meru.params["model"]["geometry"])
-  assert float(geo["visual_alpha"]) <= 0 and float(geo["textual_alpha"]) <= 0
-  assert np.log(0.1) <= float(geo["curv"]) <= np.log(10.0)
+
+
+def _set_params(params, values: dict):
+  """params with the leaves at '/'-joined paths replaced by scalars (same dtype and sharding)."""
+  params = jax.tree.map(lambda x: x, params)
+  for path, value in values.items():
+    *parents, leaf = path.split("/")
+    node = params
+    for p in parents:
+      node = node[p]
+    node[leaf] = jax.device_put(np.asarray(value, node[leaf].dtype), node[leaf].sharding)
+  return params
+
+
+@pytest.mark.parametrize("side", ["above", "below"])
+def test_meru_training_step_clamps_curvature_alphas_and_logit_scale_from_past_their_bounds(start_models, side,
+                                                                                            tmp_path):
+  """One training step from stored scalars set past MERU's bounds ends with each exactly on its bound: curvature
+  in [c0/10, 10 c0] (c0 = 1, stored as logs), alphas <= 0, logit scale <= ln 100 (MERU's and open_clip's clamps
+  on the stored parameters; a step of Adam at lr ~1e-4 moves a scalar by ~1e-4, far less than the 1.0 past)."""
+  trainer = train.Trainer(make_config("meru", "batch=64,epochs=1", total_steps=1), str(tmp_path))
+  span = trainer.spans[0]
+  state = trainer.init_state(span)
+  past = 1.0 if side == "above" else -1.0
+  start = {"model/geometry/curv": (np.log(10.0) if side == "above" else np.log(0.1)) + past,
+           "model/geometry/visual_alpha": 0.5, "model/geometry/textual_alpha": 0.5 if side == "above" else -3.0,
+           "model/logit_scale": np.log(100.0) + 1.0 if side == "above" else 1.0}
+  state["params"] = _set_params(state["params"], start)
+  batch, _ = trainer.exp.train_data.global_batch(0)
+  new, metrics = trainer.program(span).step(state, batch)
+  assert np.isfinite(float(metrics["loss"]))
+  geo = jax.device_get(new["params"]["model"]["geometry"])
+  scale = float(jax.device_get(new["params"]["model"]["logit_scale"]))
+  assert float(geo["curv"]) == pytest.approx(np.log(10.0) if side == "above" else np.log(0.1), abs=1e-6)
+  assert float(geo["visual_alpha"]) == 0.0
+  if side == "above":
+    assert float(geo["textual_alpha"]) == 0.0 and scale == pytest.approx(np.log(100.0), abs=1e-6)
+  else:   # inside their ranges: the step moves them only slightly, no clamp
+    assert float(geo["textual_alpha"]) == pytest.approx(-3.0, abs=1e-2) and scale == pytest.approx(1.0, abs=1e-2)
 
 
 @pytest.mark.parametrize("config_name,start", [("ac", 0), ("hac", 1)])

@@ -58,6 +58,29 @@ def test_ncu_step_on_8_devices_equals_step_on_1(clip_run, tmp_path, devices):
     np.testing.assert_allclose(a[k], b[k], atol=5e-5, err_msg=k)
 
 
+@pytest.mark.parametrize("stored", [math.log(100) + 1.0, -1.0])
+def test_unlearning_step_clamps_the_stored_logit_scale_into_0_ln100_and_the_prompt_step_does_not(clip_run, stored,
+                                                                                                 tmp_path):
+  """The public code clamps logit_scale to [0, ln 100] after every unlearning step, not in the prompt stage
+  (methods.md §1.1): from a stored value 1.0 past either bound, one unlearning step ends exactly on the bound; one
+  prompt step leaves a value below 0 where it was (to the step's own small change; above ln 100 every two-tower
+  method clamps, open_clip's rule)."""
+  trainer = train.Trainer(ncu_config(clip_run), str(tmp_path))
+  prompt_span, unlearn_span = trainer.spans
+  for span in (unlearn_span, prompt_span):
+    state = trainer.init_state(span)
+    logit_scale = state["params"]["model"]["logit_scale"]
+    state["params"]["model"]["logit_scale"] = jax.device_put(np.float32(stored), logit_scale.sharding)
+    batch, _ = trainer.exp.train_data.global_batch(span.start)
+    new, metrics = trainer.program(span).step(state, batch)
+    after = float(jax.device_get(new["params"]["model"]["logit_scale"]))
+    assert np.isfinite(float(metrics["loss"]))
+    if span is unlearn_span or stored > 0:
+      assert after == pytest.approx(min(max(stored, 0.0), math.log(100)), abs=1e-6), span.stage.name
+    else:
+      assert after == pytest.approx(stored, abs=1e-2) and after < -0.9, span.stage.name
+
+
 def test_gradient_ascent_baseline_runs_and_records_forget_sets(clip_run, tmp_path):
   cfg = ncu_config(clip_run, total_steps=2, **{"method.name": "ncu_ga"})
   res = train.train(cfg, str(tmp_path))
