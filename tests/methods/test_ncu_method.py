@@ -49,13 +49,25 @@ def test_ncu_stages_train_and_freeze_the_right_groups(clip_run, tmp_path):
   assert 0.0 <= float(done["model/logit_scale"]) <= math.log(100) + 1e-6
 
 
-def test_ncu_step_on_8_devices_equals_step_on_1(clip_run, tmp_path, devices):
-  cfg = ncu_config(clip_run, total_steps=2)
+def test_ncu_steps_on_8_devices_equal_steps_on_1_across_both_stages(clip_run, tmp_path, devices):
+  """The prompt epoch (22 steps of 64 on digits), then 2 steps of the unlearning stage (masked OT over the global
+  batch): parameters, per-sample state and the last step's metrics on 8 devices equal those on 1."""
+  spe = 1438 // 64
+  cfg = ncu_config(clip_run, total_steps=spe + 2)
   eight = train.train(cfg, str(tmp_path / "8"))
   one = train.train(cfg, str(tmp_path / "1"), devices=devices[:1])
+  assert eight.experiment.steps_per_epoch == spe
+  meta = train.ckpt_lib.read_source_meta(str(tmp_path / "8"))
+  assert meta["stage"] == "unlearn" and "sinkhorn_iterations_img" in eight.metrics   # the masked-OT stage ran
   a, b = _leaves(eight.params), _leaves(one.params)
   for k in a:
     np.testing.assert_allclose(a[k], b[k], atol=5e-5, err_msg=k)
+  n = eight.experiment.train_data.num_examples   # per-example state is padded to the device count
+  for key, x in _leaves(eight.state["method_state"]).items():
+    np.testing.assert_allclose(np.asarray(x, np.float32)[:n], np.asarray(_leaves(one.state["method_state"])[key],
+                                                                         np.float32)[:n], atol=5e-5, err_msg=key)
+  for key in ("loss", "loss_img", "loss_txt"):
+    assert eight.metrics[key] == pytest.approx(one.metrics[key], abs=5e-5), key
 
 
 @pytest.mark.parametrize("stored", [math.log(100) + 1.0, -1.0])
