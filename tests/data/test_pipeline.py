@@ -46,24 +46,42 @@ def test_bad_record_raises_with_its_id_when_asked(built):
     list(td.batches(0, steps[0] + 1))
 
 
+def _resumed_equals_uninterrupted(make, stop, resume_steps):
+  """Batches (images, tokens, ids) of a fresh pipeline started at each resume step equal those of one pipeline
+  run from step 0: nothing but the step is restored."""
+  full = [{k: np.asarray(a[k]) for k in ("image", "tokens", "id")} for a, _, _ in make().batches(0, stop)]
+  for start in resume_steps:
+    resumed = [{k: np.asarray(a[k]) for k in ("image", "tokens", "id")} for a, _, _ in make().batches(start, stop)]
+    assert len(resumed) == stop - start
+    for want, got in zip(full[start:], resumed):
+      for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=f"resumed at {start}: {key}")
+  return full
+
+
 def test_resume_mid_epoch_continues_the_exact_order_and_crops(built):
+  """A record-backed (file) dataset resumed in the middle of epochs 0 and 1: the same examples, decoded and
+  cropped the same way. 15 captions in global batches of 4 on 2 devices: 3 steps per epoch (a batch of 8 on 8
+  devices would make every step an epoch boundary)."""
   sp = sources.load_tfds_split("tfds:karpathy/flickr30k", built["data_dir"], "train")  # 15 captions
   tok = WordTokenizer.build(sp.captions, context_length=16)
-  td = TrainData(sp, tok, 8, 5, _mesh(), image_size=24, num_threads=4)
-  full = [(np.asarray(a["image"]), np.asarray(a["id"])) for a, _, _ in td.batches(0, 4)]
-  td2 = TrainData(sp, tok, 8, 5, _mesh(), image_size=24, num_threads=4)
-  resumed = [(np.asarray(a["image"]), np.asarray(a["id"])) for a, _, _ in td2.batches(2, 4)]
-  for (img_a, id_a), (img_b, id_b) in zip(full[2:], resumed):
-    np.testing.assert_array_equal(id_a, id_b)
-    np.testing.assert_array_equal(img_a, img_b)
-  # Epochs are permutations: 15 examples, batch 8 -> 1 step per epoch, different order each epoch.
-  assert not np.array_equal(full[0][1], full[1][1])
+  make = lambda: TrainData(sp, tok, 4, 5, _mesh(2), image_size=24, num_threads=4)
+  assert make().steps_per_epoch == 3
+  full = _resumed_equals_uninterrupted(make, 7, resume_steps=(1, 2, 4))   # steps 1, 2 and 4: none starts an epoch
+  ids = [b["id"] for b in full]
+  epochs = [np.concatenate(ids[e * 3:(e + 1) * 3]) for e in (0, 1)]
+  assert all(len(np.unique(e)) == 12 for e in epochs)                     # each epoch: a permutation's first 12
+  assert not np.array_equal(epochs[0], epochs[1])                         # drawn anew every epoch
 
 
-def test_in_memory_resume_order_and_subsets():
+def test_in_memory_resume_mid_epoch_order_and_subsets():
+  """The in-memory digits pipeline (host-side crops keyed by the step) resumed mid-epoch equals the uninterrupted
+  one; an epoch never repeats an example; a subset pipeline draws only from its subset."""
   sp = digits.load("train")
   tok = WordTokenizer.build(sp.captions, context_length=16)
   td = TrainData(sp, tok, 64, 1, _mesh())
+  assert td.steps_per_epoch == 22
+  _resumed_equals_uninterrupted(lambda: TrainData(sp, tok, 64, 1, _mesh()), 25, resume_steps=(5, 23))
   order = np.concatenate([td.indices(s) for s in range(td.steps_per_epoch)])
   assert len(np.unique(order)) == len(order)
   sub = np.arange(0, sp.num_captions, 3)
