@@ -178,8 +178,10 @@ class Model:
 
 
 def models_of(checkpoints: list[tuple[str, int]] | None, init: str | None) -> list[Model]:
-  if init:
-    return [Model(label=_slug(init.replace(":", "_").replace("/", "_")), init=init)]
+  if init:   # 'open_clip:/models/ViT-B-32.safetensors' -> 'open_clip_ViT-B-32'
+    kind, _, path = init.partition(":")
+    stem = os.path.splitext(os.path.basename(os.path.normpath(path)))[0] if path else ""
+    return [Model(label=_slug(f"{kind}_{stem}" if stem else kind), init=init)]
   out, seen = [], {}
   for workdir, step in checkpoints:
     base = _slug(f"{fileio.basename(workdir.rstrip('/'))}_step{step}")
@@ -283,8 +285,8 @@ def run_suite(entries: list[SuiteEntry], models: list[Model], output: str, *, co
                                                    **model.describe(), tasks={}, records=[])
       if i in plan:
         results = ev.run(model.step, state, names=list(plan[i]), write=False)
-        for key, metrics in results.items():
-          task = plan[i][key]["type"]
+        for key in plan[i]:     # in the entry's task order
+          task, metrics = plan[i][key]["type"], results[key]
           metrics = evals.finite_or_none(metrics)
           record["tasks"][task] = metrics
           record["records"] = [r for r in record["records"] if r.get("task") != ev.evaluators[key].task] + [

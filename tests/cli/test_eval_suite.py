@@ -109,3 +109,21 @@ def test_dataset_specs_aliases_and_tasks():
   assert eval_suite.entry_tasks(eval_suite.SuiteEntry("x"), split) == ["retrieval"]
   with pytest.raises(ValueError, match="needs class labels"):
     eval_suite.entry_tasks(entries[0], split)
+
+
+def test_suite_on_a_pretrained_model(tmp_path):
+  # a reduced random CLIP in OpenAI's layout, evaluated as it is (no training), serially decoded
+  import torch
+  import reference_models as rm
+  from helpers import load_config
+  path = tmp_path / "ViT-tiny.pt"
+  torch.save(rm.make_open_clip(rm.tiny_open_clip_cfg(True, image_size=16, patch=4)).state_dict(), path)
+  _data(tmp_path)
+  models = eval_suite.models_of(None, f"openai:{path}")
+  assert [m.label for m in models] == ["openai_ViT-tiny"]
+  entries = [eval_suite.SuiteEntry(f"image_folder:{tmp_path / 'folder'}", "val", ("auto", "retrieval"),
+                                   options=dict(templates="single"))]
+  rows = eval_suite.run_suite(entries, models, str(tmp_path / "out"), config=load_config("clip"), workers=0)
+  assert [(r["model"], r["task"]) for r in rows] == [("openai_ViT-tiny", "zeroshot"), ("openai_ViT-tiny", "retrieval")]
+  record = json.loads((tmp_path / "out" / "openai_ViT-tiny" / "image_folder_folder_val.json").read_text())
+  assert record["init"] == f"openai:{path}" and set(record["tasks"]) == {"zeroshot", "retrieval"}
