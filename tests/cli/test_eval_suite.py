@@ -1,4 +1,5 @@
-"""`ncjax eval` as a suite: several datasets (an ImageFolder tree, a CSV pair table, the embedded digits) over
+"""`ncjax eval` as a suite: several datasets (an ImageFolder tree, a CSV pair table, the embedded digits, a built
+Karpathy split named as CLIP_benchmark names it) over
 every checkpoint of a run, one JSON per (checkpoint, dataset), a summary and a plot; --skip_existing; a suite file
 with the user's class names and templates and a linear probe; dataset names as CLIP_benchmark writes them."""
 
@@ -34,7 +35,7 @@ def _data(root):
   (root / "table" / "pairs.csv").write_text("\n".join(lines) + "\n")
 
 
-def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path):
+def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, built):
   run = tmp_path / "run"
   train.train(tiny_clip_config(total_steps=2, **{"ckpt.every_steps": 1}), str(run))
   _data(tmp_path)
@@ -42,22 +43,25 @@ def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path):
   folder, table = tmp_path / "folder", tmp_path / "table" / "pairs.csv"
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   res = subprocess.run([sys.executable, "-m", "ncjax.main", "eval", f"--checkpoints={run}",
-                        f"--datasets=image_folder:{folder}@val,table:{table},digits", f"--output={out}",
-                        "--num_workers=2", "--cpu_devices=8"], cwd=tmp_path, capture_output=True, text=True,
+                        f"--datasets=image_folder:{folder}@val,table:{table},digits,flickr30k",
+                        f"--data_dir={built['data_dir']}", f"--output={out}", "--num_workers=2", "--cpu_devices=8"],
+                       cwd=tmp_path, capture_output=True, text=True,
                        timeout=600, env=env)
   assert res.returncode == 0, res.stderr[-3000:]
-  files = {"image_folder_folder_val.json", "table_pairs.csv_test.json", "digits_test.json"}
+  files = {"image_folder_folder_val.json", "table_pairs.csv_test.json", "digits_test.json", "flickr30k_test.json"}
   for step in (1, 2):   # one JSON per (checkpoint, dataset)
     assert set(os.listdir(out / f"run_step{step}")) == files
   record = json.loads((out / "run_step2" / "table_pairs.csv_test.json").read_text())
   assert record["step"] == 2 and record["workdir"] == str(run) and set(record["tasks"]) == {"retrieval"}
   assert record["records"][0]["task"] == "zeroshot_retrieval" and "image_retrieval_recall@5" in \
       record["records"][0]["metrics"]   # CLIP_benchmark's keys
+  karpathy = json.loads((out / "run_step1" / "flickr30k_test.json").read_text())   # built Karpathy split, by alias
+  assert karpathy["resolved_dataset"] == "tfds:karpathy/flickr30k" and "rsum" in karpathy["tasks"]["retrieval"]
   folder_zs = json.loads((out / "run_step2" / "image_folder_folder_val.json").read_text())["tasks"]["zeroshot"]
   assert {"acc1", "acc5", "mean_per_class_recall"} <= set(folder_zs)
   summary = (out / "summary.md").read_text().splitlines()
   assert len(summary) == 4 and summary[2].startswith("| run_step1 ") and "digits@test zeroshot acc1" in summary[0]
-  assert (out / "summary.csv").read_text().count("\n") == 7 and (out / "summary.png").stat().st_size > 10_000
+  assert (out / "summary.csv").read_text().count("\n") == 9 and (out / "summary.png").stat().st_size > 10_000
 
   # a suite file: the folder again, now with the user's class names and templates and a linear probe; with
   # skip_existing the zero-shot result already there is kept and only the probe runs
