@@ -249,12 +249,13 @@ def run_suite(entries: list[SuiteEntry], models: list[Model], output: str, *, co
     out_dir = fileio.join(output, model.label)
     paths = [fileio.join(out_dir, f"{s}.json") for s in slugs]
     done = [(_existing(p) or {}) if skip_existing else {} for p in paths]
-    done_tasks = [set(d.get("tasks", {})) for d in done]
+    # which tasks each dataset's JSON holds, as process 0 reads them (every process must skip the same ones)
+    mask = _agree(np.asarray([[t in d.get("tasks", {}) for t in TASKS] for d in done], bool).reshape(-1, len(TASKS)))
+    done_tasks = [{t for t, held in zip(TASKS, row) if held} for row in mask]
     # a checkpoint whose every dataset holds every asked task (auto counted as done once anything is) is skipped
     # without restoring it
     complete = np.asarray([bool(d) and all(t in d or t == "auto" for t in e.tasks) for d, e in
                            zip(done_tasks, entries)], bool)
-    complete = _agree(complete)
     if complete.all():
       for e, d, path in zip(entries, done, paths):
         rows.extend(_rows(model, e, d))
