@@ -64,9 +64,15 @@ def test_region_methods_train_and_evaluate_from_ncr_precomp_files(name, arg, ext
   assert out["noise_detection"]["auc"] == pytest.approx(auc, abs=1 / pairs + 1e-9)
 
 
-@pytest.mark.slow   # make test: DisNCL's losses on one example per device (tests/test_degenerate_properties.py)
-def test_disncl_steps_on_8_devices_equal_steps_on_1(tmp_path, devices):
-  cfg = make_config("disncl", "batch=64,warmup=0", total_steps=2, **TINY)
+# make test-all. make test: DisNCL's losses on one example per device (tests/test_degenerate_properties.py); SGRAF's
+# similarity head chunked and unchunked (tests/models/test_sgraf_model.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("name,arg,extra", [
+    ("disncl", "batch=64,warmup=0", {}),
+    ("sgraf", "batch=64", {"loss.all_negatives_epochs": 0}),     # the hardest-negative hinge from step 0
+    ("gsc", "backbone=sgraf,batch=64,warmup=0", {})])          # GSC's loss and structures from step 0
+def test_region_method_steps_on_8_devices_equal_steps_on_1(name, arg, extra, tmp_path, devices):
+  cfg = make_config(name, arg, total_steps=2, **TINY, **extra)
   eight = train.train(cfg, str(tmp_path / "8"))
   one = train.train(cfg, str(tmp_path / "1"), devices=devices[:1])
   for x, y in zip(jax.tree.leaves(jax.device_get(eight.params)), jax.tree.leaves(jax.device_get(one.params))):
