@@ -64,9 +64,10 @@ def test_label_update_matches_sklearn_and_the_synthetic_figures(seed):
   ref = GaussianMixture(n_components=2, max_iter=10, tol=1e-2, reg_covar=5e-4, random_state=seed).fit(
       normed[:, None])
   prob = ref.predict_proba(normed[:, None])[:, ref.means_.argmax()]
-  np.testing.assert_allclose(np.asarray(out["clean_prob"])[:n], prob, atol=1e-3)
+  # the README's 1e-4 on the posteriors (measured 5.6e-6 here; methods.md §2.6 expected "about 1e-3")
+  np.testing.assert_allclose(np.asarray(out["clean_prob"])[:n], prob, atol=1e-4)
   assert prob[clean].mean() > 0.99 and prob[~clean].mean() < 0.02
-  np.testing.assert_allclose(np.asarray(out["topo_target"])[:n], 0.7 * prob + 0.3, atol=1e-3)
+  np.testing.assert_allclose(np.asarray(out["topo_target"])[:n], 0.7 * prob + 0.3, atol=1e-4)
   y = np.asarray(out["y"])[:n]
   # methods.md: after one update from all-ones, targets average 0.877 (clean) and 0.301 (noisy); the exact
   # figures depend on the draw (the extremes set the min-max normalisation), so allow that spread.
