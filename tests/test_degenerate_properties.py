@@ -1,6 +1,7 @@
 """Degenerate batches, property-tested: every public loss and sampler gives finite values and gradients on empty
-and full forget sets, identical captions, duplicated images, zero or tiny vectors, huge logit scales (e^50 for dot-product logits, e^20 for given logits, e^9.2 = 100x MERU's cap for distance logits), all-masked
-rows and batches of one — or a clear error where the input is truly invalid.
+and full forget sets, identical captions, duplicated images, zero or tiny vectors, huge logit scales (e^50 for
+dot-product logits, e^20 for given logits, e^9.2 = 100x MERU's cap for distance logits), all-masked rows and
+batches of one — or a clear error where the input is truly invalid.
 
 Every degeneracy is enumerated (pytest parametrize: each kind of rows on each input, each forget set, each mask
 layout, each score spread), so each one is tested on every run; hypothesis varies what is left — the random values

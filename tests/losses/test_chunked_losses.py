@@ -88,6 +88,7 @@ def test_chunked_ncu_loss_equals_the_dense_kernel_loss(devices, ratio, normalize
 
 
 def test_chunked_ncu_matches_the_methods_md_crosscheck():
+  """methods.md §1.7's inputs and values (an independent restatement of the public NCU code; tests/README.md)."""
   i, d = np.arange(8)[:, None], np.arange(4)[None, :]
   v = np.cos(0.5 * i * d + i + 0.3 * d)
   t = v + 0.3 * np.sin(1.7 * i + d)

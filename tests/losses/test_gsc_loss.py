@@ -13,6 +13,8 @@ def _sig(x):
 
 
 def gsc_inputs():
+  """methods.md §2.6's inputs. Its expected values (0.143469, ...) come from an independent numpy restatement of
+  MediaBrain-SJTU/GSC's GSC/model/RINCE.py written for the notes, not from ncjax (tests/README.md)."""
   i, j = np.arange(6)[:, None], np.arange(6)[None, :]
   s = np.where(i == j, 3.0, -1.0) + 0.1 * np.sin(i + 2 * j)
   s[4, 4] = -0.5

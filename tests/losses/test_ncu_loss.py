@@ -13,7 +13,8 @@ LOGIT_SCALE = math.log(1 / 0.07)
 
 
 def crosscheck_inputs():
-  """methods.md §1.7: N=8, D=4."""
+  """methods.md §1.7: N=8, D=4. Its expected values (2.677844, ...) come from an independent float64 numpy
+  restatement of hhc1997/NCU's src/ul_clip.py written for the notes, not from ncjax (tests/README.md)."""
   i = np.arange(8)[:, None]
   d = np.arange(4)[None, :]
   v = np.cos(0.5 * i * d + i + 0.3 * d)

@@ -178,7 +178,8 @@ def test_wrong_input_shapes_name_the_expected_shape():
     m.encode_text(np.zeros((2, 5), np.int32))
 
 
-# MERU reference values (methods.md §4.1, c = 1 and c = 0.5).
+# MERU reference values (methods.md §4.1, c = 1 and c = 0.5): an independent numpy restatement of
+# facebookresearch/meru's meru/lorentz.py written for the notes, not ncjax's output (tests/README.md).
 def test_lorentz_reference_values():
   v = np.array([[0.3, -0.4, 0.0], [1.0, 2.0, -2.0]], np.float32)
   np.testing.assert_allclose(lorentz.exp_map0(v, 1.0),

@@ -17,6 +17,7 @@ LOGIT_SCALE = math.log(1 / 0.07)
 
 
 def crosscheck_inputs():
+  """methods.md §1.7's inputs (expected values: an independent restatement of the public NCU code; tests/README.md)."""
   i, d = np.arange(8)[:, None], np.arange(4)[None, :]
   v = np.cos(0.5 * i * d + i + 0.3 * d)
   t = v + 0.3 * np.sin(1.7 * i + d)
