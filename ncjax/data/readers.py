@@ -196,6 +196,16 @@ def read_precomp(data_dir: str, split: str, dev_images: int | None = 1000) -> Pr
   return PrecompSplit(feats, captions, np.arange(len(captions), dtype=np.int64) // im_div, im_div)
 
 
+def clean_flag(value, where: str) -> int:
+  """A ground-truth clean flag of a table cell or a .json value: 1/0, true/false, yes/no, clean/noisy."""
+  low = str(value).strip().lower()
+  if low in ("1", "true", "yes", "clean"):
+    return 1
+  if low in ("0", "false", "no", "noisy"):
+    return 0
+  raise DataFormatError(f"{where}: clean flag {value!r} is not 1/0/true/false/yes/no/clean/noisy")
+
+
 def decode_image(data: bytes) -> "np.ndarray":
   """Encoded bytes -> uint8 RGB array (raises on corrupt data)."""
   from PIL import Image

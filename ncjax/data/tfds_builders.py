@@ -72,13 +72,7 @@ def holdout_split(image_path: str, fraction: float) -> str:
   return "test" if int.from_bytes(digest[:8], "big") / 2 ** 64 < fraction else "train"
 
 
-def _clean_flag(value, where: str) -> int:
-  low = str(value).strip().lower()
-  if low in ("1", "true", "yes", "clean"):
-    return 1
-  if low in ("0", "false", "no", "noisy"):
-    return 0
-  raise readers.DataFormatError(f"{where}: clean flag {value!r} is not 1/0/true/false/yes/no/clean/noisy")
+_clean_flag = readers.clean_flag
 
 
 class WebPairs(tfds.core.GeneratorBasedBuilder):
@@ -99,7 +93,8 @@ class WebPairs(tfds.core.GeneratorBasedBuilder):
     """The table's rows by split, each with its label index and clean flag (-1 when the table has none)."""
     cfg = self.builder_config
     extra = tuple(c for c in (*cfg.extra_columns, cfg.label_column, cfg.clean_column, cfg.split_column) if c)
-    rows = readers.read_table(os.path.join(manual_dir, cfg.table), cfg.image_column, cfg.caption_column,
+    table = os.path.join(manual_dir, cfg.table)
+    rows = readers.read_table(table, cfg.image_column, cfg.caption_column,
                               cfg.separator, extra_columns=tuple(dict.fromkeys(extra)))
     names = list(cfg.class_names) or (sorted({r[cfg.label_column] for r in rows}, key=_label_order)
                                       if cfg.label_column else [])
@@ -118,8 +113,8 @@ class WebPairs(tfds.core.GeneratorBasedBuilder):
       clean = _clean_flag(row[cfg.clean_column], f"row {k}") if cfg.clean_column else -1
       if cfg.split_column:
         split = row[cfg.split_column].strip() or "train"
-      elif cfg.holdout > 0:
-        split = holdout_split(row["image_path"], cfg.holdout)
+      elif cfg.holdout > 0:   # by the path as the table names it: the split must not depend on where data lives
+        split = holdout_split(os.path.relpath(row["image_path"], os.path.dirname(table)), cfg.holdout)
       else:
         split = "train"
       by_split.setdefault(split, []).append(dict(row, label=label, clean=clean))
