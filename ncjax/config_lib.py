@@ -93,6 +93,9 @@ def base_config() -> ml_collections.ConfigDict:
   # The epochs of the method's main stage, for every method; preparatory stages some methods run first (NCU's
   # prompt stage, DisNCL's warm-up, SGRAF's all-negatives start) have their own settings and come before it.
   c.num_epochs = 10
+  # The main stage's length in steps instead of num_epochs, for recipes stated in iterations (MERU: 120k at batch
+  # 2048); its learning-rate schedule spans them.
+  c.num_steps = config_dict.placeholder(int)
   c.total_steps = config_dict.placeholder(int)  # caps the run's steps when set (benchmarks, smoke runs)
 
   # The method: `name` picks it from the registry; the rest are its own options (methods add keys here).
@@ -119,8 +122,11 @@ def base_config() -> ml_collections.ConfigDict:
       # Region-feature retrieval models (image_type='regions', text_type='bigru'; ncjax.models.sgraf): the region
       # feature size, word embedding, similarity head ('sgr' | 'saf'), its vector size, reasoning steps, SCAN's
       # attention smoothing, word dropout, and how many image-caption pairs the B x B similarity computes at once.
+      # text_structure: GSC's caption-caption structure through the head ('attention': GSC's single-network code;
+      # 'aligned': GSC+'s); pool_dropout: the dropout in SGRAF's self-attention pooling (its code: 0.4).
       region=ml_collections.ConfigDict(dict(feature_dim=2048, word_dim=300, sim_dim=256, head="sgr", steps=3,
-                                            smooth=9.0, word_dropout=0.0, pairs_per_step=4096)),
+                                            smooth=9.0, word_dropout=0.0, pairs_per_step=4096,
+                                            text_structure="attention", pool_dropout=0.0)),
   ))
 
   c.loss = ml_collections.ConfigDict()  # loss hyper-parameters of the method (methods add keys)
@@ -134,6 +140,15 @@ def base_config() -> ml_collections.ConfigDict:
       # evaluation images decoded and transformed in parallel: -1 = one worker per usable core, 0 = serially
       # (`ncjax eval --num_workers`); eval_decode: 'thread' or 'process' workers
       eval_workers=-1, eval_decode="thread",
+      # input.dataset='web:ROOT[::ROOT2...]' (img2dataset output, ncjax.data.web_pipeline): mode 'auto' (indexed
+      # when built, else streamed) | 'index' | 'stream'; weights 'w1::w2' of a mixture (default: the datasets'
+      # sizes); resample: streamed shards drawn with replacement; window shards read interleaved through a shuffle
+      # buffer of `buffer` pairs; mix_block: positions per mixture block; caption_key / clean_key of the .json;
+      # cache_dir: a local copy of a gs:// index; a word vocabulary counts at most vocab_captions captions and
+      # keeps at most max_vocab words.
+      web=ml_collections.ConfigDict(dict(mode="auto", weights="", resample=False, window=8, buffer=2048,
+                                         mix_block=1000, caption_key="caption", clean_key="", cache_dir="",
+                                         vocab_captions=200_000, max_vocab=65_536)),
   ))
 
   # Noise applied to the training pairs; the ground-truth clean flag is kept for diagnostics only.
@@ -227,10 +242,12 @@ def add_default_evals(c):
   / `.data_dir=...` can evaluate on another built dataset."""
   # digits' own prompts on digits; elsewhere the dataset's prompts when ncjax knows them, else CLIP's generic ones
   templates = "digits" if c.input.dataset in ("digits", "tfds:digits") else "auto"
+  # Web-scale training data has no test split and no in-memory pairs: name an evaluation dataset to evaluate.
+  own = not c.input.dataset.startswith("web:")
   c.evals.zeroshot = dict(type="zeroshot", dataset="", data_dir="", split="test", templates=templates,
-                         every_steps=0, enabled=True)
-  c.evals.retrieval = dict(type="retrieval", dataset="", data_dir="", split="test", every_steps=0, enabled=True)
-  c.evals.noise_detection = dict(type="noise_detection", every_steps=0, enabled=True)
+                         every_steps=0, enabled=own)
+  c.evals.retrieval = dict(type="retrieval", dataset="", data_dir="", split="test", every_steps=0, enabled=own)
+  c.evals.noise_detection = dict(type="noise_detection", every_steps=0, enabled=own)
   return c
 
 
@@ -242,10 +259,13 @@ def add_default_evals(c):
 # over every negative before max violation (VSE++'s remedy: from a random initialisation the max-violation hinge
 # collapses every score to one value on this data — measured, see README).
 REGION_PRESETS = {
+    # SGRAF's dropout: 0.4 on the word embeddings and in its self-attention pooling (its code's nn.Dropout(0.4)).
     "paper": dict(model="sgraf", data="tfds:precomp/f30k_precomp", batch=128, lr=2e-4, feature_dim=2048,
-                  word_dim=300, sim_dim=256, head="sgr", all_negatives_epochs=0),
+                  word_dim=300, sim_dim=256, head="sgr", all_negatives_epochs=0, word_dropout=0.4,
+                  pool_dropout=0.4, warmup_negatives="all_mean"),
     "synthetic": dict(model="sgraf_small", data="precomp_synthetic", batch=64, lr=1e-3, feature_dim=64,
-                      word_dim=64, sim_dim=32, head="saf", all_negatives_epochs=3),
+                      word_dim=64, sim_dim=32, head="saf", all_negatives_epochs=3, word_dropout=0.0,
+                      pool_dropout=0.0, warmup_negatives="all"),
 }
 
 
@@ -260,20 +280,24 @@ def region_noise(c, noise: float, noise_file: str = ""):
 
 
 def region_model(c, a):
-  """The SGRAF backbone and its optimiser (Adam, no weight decay, gradient clipping 2, as NCR / SGRAF), retrieval
-  and noise-detection evaluators (no zero-shot: region datasets have no class labels). `a` holds the parsed
-  arguments with the preset laid in (model, data, batch, lr, feature_dim, word_dim, sim_dim, head,
-  all_negatives_epochs)."""
+  """The SGRAF backbone and its optimiser (Adam with torch's defaults b2 = 0.999, eps = 1e-8 — SGRAF, NCR, GSC and
+  MSCN use them —, no weight decay, gradient clipping 2, as NCR / SGRAF), retrieval and noise-detection evaluators
+  (no zero-shot: region datasets have no class labels). `a` holds the parsed arguments with the preset laid in
+  (model, data, batch, lr, feature_dim, word_dim, sim_dim, head, all_negatives_epochs, word_dropout, pool_dropout,
+  warmup_negatives)."""
   c.model.size = a.model
   c.model.image_type, c.model.text_type = "regions", "bigru"
   c.model.region.feature_dim, c.model.region.word_dim, c.model.region.sim_dim = a.feature_dim, a.word_dim, a.sim_dim
   c.model.region.head = a.head
+  c.model.region.word_dropout, c.model.region.pool_dropout = a.word_dropout, a.pool_dropout
   c.loss.margin = 0.2
+  c.loss.warmup_negatives = a.warmup_negatives
   c.loss.reduction = "sum"   # VSE++ / SGRAF / NCR sum the hinge over the batch
   c.loss.all_negatives_epochs = a.all_negatives_epochs
   c.input.dataset = a.data
   c.input.global_batch_size = a.batch
   c.optim.name, c.optim.lr, c.optim.weight_decay, c.optim.grad_clip_norm = "adam", a.lr, 0.0, 2.0
+  c.optim.b1, c.optim.b2, c.optim.eps = 0.9, 0.999, 1e-8   # torch.optim.Adam's defaults
   c.optim.warmup_steps = 0
   # COCO: NCR's 5K test images ('testall') with the 1K x 5-fold average as well; F30K / CC152K: the 1K 'test' split.
   coco = "coco" in a.data

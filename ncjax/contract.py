@@ -69,6 +69,7 @@ class Stage:
   epochs: int
   updates: tuple[Update, ...]
   post_update: PostUpdate | None = None
+  steps: int | None = None   # the stage's length in steps instead of epochs (a paper that states iterations)
 
   def post_update_of(self, update: Update) -> PostUpdate | None:
     return update.post_update if update.post_update is not None else self.post_update

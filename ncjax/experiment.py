@@ -22,6 +22,7 @@ from ncjax import data as data_lib
 from ncjax import models, pretrained, tokenizers
 from ncjax import sharding as shard_lib
 from ncjax.data import scores as scores_lib
+from ncjax.data import web_pipeline
 from ncjax.data.concepts import concept_train_data
 from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform_from_config, noise_from_config
 from ncjax.data.pipeline import TrainData
@@ -86,7 +87,7 @@ class Resolved:
   def setup(self, *, tokenizer, num_examples: int, prior_scores=None) -> MethodSetup:
     c = self.config
     return MethodSetup(model=self.model, tokenizer=tokenizer, num_examples=num_examples, num_epochs=c.num_epochs,
-                       seed=c.seed, lr=c.optim.lr, weight_decay=c.optim.weight_decay, freeze=c.optim.freeze,
+                       num_steps=c.num_steps, seed=c.seed, lr=c.optim.lr, weight_decay=c.optim.weight_decay, freeze=c.optim.freeze,
                        micro_batches=c.optim.micro_batches, prior_scores=prior_scores)
 
   def method(self, *, tokenizer, num_examples: int, prior_scores=None) -> Method:
@@ -120,7 +121,7 @@ class Experiment:
   resolved: Resolved
   mesh: jax.sharding.Mesh
   tokenizer: Any
-  train_data: TrainData
+  train_data: TrainData   # or ncjax.data.web_pipeline.WebTrainData (input.dataset='web:...')
   method: Method
   noisy: NoisyIndex | None
   batch_transform: BatchTransform | None = None  # dynamic noise, applied inside the jitted step
@@ -160,12 +161,18 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
   config, spec = resolved.config, resolved.model
   mesh = shard_lib.make_mesh(config.mesh, devices)
   check_micro_batches(config.input.global_batch_size, mesh.devices.size, config.optim.micro_batches)
-  split = data_lib.load_split(config.input, config.input.split, spec.image_size)
   if saved_tokenizer is None:
     saved_tokenizer = resolved.init.saved_tokenizer()
-  tokenizer = build_tokenizer(spec, config.input, split.captions, saved_tokenizer, vocabulary=split.vocabulary)
-  noisy = noise_from_config(config.noise, split.caption_to_image)
-  train_data = concept_train_data(config, split, tokenizer, mesh, noisy, image_size=spec.image_size)
+  if web_pipeline.is_web(config.input.dataset):   # img2dataset output at any size: nothing N-long in memory
+    train_data, tokenizer = web_pipeline.train_data_from_config(
+        config.input, config.noise, image_size=spec.image_size, tokenizer_kind=spec.tokenizer_kind,
+        context_length=spec.context_length, mesh=mesh, saved_tokenizer=saved_tokenizer, concept=config.concept)
+    noisy = None   # the web path's noise is computed on demand (train_data.noise)
+  else:
+    split = data_lib.load_split(config.input, config.input.split, spec.image_size)
+    tokenizer = build_tokenizer(spec, config.input, split.captions, saved_tokenizer, vocabulary=split.vocabulary)
+    noisy = noise_from_config(config.noise, split.caption_to_image)
+    train_data = concept_train_data(config, split, tokenizer, mesh, noisy, image_size=spec.image_size)
   source = resolved.prior_scores_source()
   prior = (scores_lib.load_clean_scores(source, train_data.num_examples, train_data.noise_sha256)
            if source is not None else None)

@@ -169,7 +169,8 @@ def check_same_noise(records: list[dict]) -> None:
 
 
 def aggregate(records: list[dict]) -> list[dict]:
-  """Mean and std over seeds of every metric, per (method, noise)."""
+  """Mean and std over seeds of every metric, per (method, noise); undefined values (the clean reference's noise
+  AUC: no noisy pair to detect) are left out, so the table prints '-' for them, never 'nan ± nan'."""
   groups = {}
   for r in records:
     groups.setdefault((r["method"], r["noise"]), []).append(r)
@@ -177,7 +178,7 @@ def aggregate(records: list[dict]) -> list[dict]:
   for (method, noise), rs in groups.items():
     row = dict(method=method, noise=noise, seeds=len(rs))
     for key in sorted({k for r in rs for k in r["metrics"]}):
-      values = [r["metrics"][key] for r in rs if r["metrics"].get(key) is not None]
+      values = [v for r in rs if (v := r["metrics"].get(key)) is not None and np.isfinite(v)]
       if values:
         row[key] = (float(np.mean(values)), float(np.std(values)))
     rows.append(row)

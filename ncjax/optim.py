@@ -3,8 +3,10 @@ global-norm clipping, and a learning-rate schedule per group relative to that gr
 
 Schedules (`optim.schedule`): 'cosine' (linear warm-up, then cosine to min_lr_ratio), 'constant', 'linear', and
 'step' (multiplied by `decay_factor` every `decay_every_epochs` epochs: GSC's public code, x0.2). Scope
-(`optim.schedule_scope`): 'stage' gives each stage its own schedule over its own steps (warm-up from 0); 'run'
-runs one schedule over all stages' steps, as NCU's public code does. With 'run', `schedule_offset_epochs` shifts the
+(`optim.schedule_scope`): 'stage' gives each stage its own schedule over its own steps (warm-up from 0; a step
+decay counts the stage's own epochs: DisNCL decays 25 epochs into its main stage, after its warm-up stage, as the
+same group's MSCN restarts its epoch counter after warm-up); 'run' runs one schedule over all stages' steps, as
+NCU's public code does (a step decay then counts the run's epochs). With 'run', `schedule_offset_epochs` shifts the
 step the schedule sees: NCU's code counts epochs from 1 (step = batches_per_epoch * epoch + i), so its 100-step
 warm-up never takes effect and the cosine, over batches_per_epoch * epochs steps, starts at 0.98 on CC3M
 (`public_cosine` is that formula, used for scope 'run' with the cosine schedule).
@@ -59,8 +61,9 @@ def multiplier_fn(optim_config, ctx: ScheduleContext):
     factor = float(optim_config.get("decay_factor", 0.1))
     if every <= 0:
       raise ValueError("optim.schedule='step' needs optim.decay_every_epochs > 0")
-    # Epochs of the whole run (GSC's schedule counts epochs from the start of training).
-    return lambda count: factor ** jnp.floor((ctx.stage_start + count) / (every * ctx.steps_per_epoch))
+    # The stage's own epochs ('stage'), or the whole run's ('run'); one-stage runs (GSC) see no difference.
+    start = ctx.stage_start if scope == "run" else 0
+    return lambda count: factor ** jnp.floor((start + count) / (every * ctx.steps_per_epoch))
   if scope == "run":
     offset = int(optim_config.get("schedule_offset_epochs", 0)) * ctx.steps_per_epoch
     if kind == "cosine":

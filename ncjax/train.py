@@ -131,7 +131,7 @@ class StageSpan:
 
 
 def stage_spans(stages, steps_per_epoch: int) -> list[StageSpan]:
-  lengths = [int(st.epochs) * steps_per_epoch for st in stages]
+  lengths = [int(st.steps) if st.steps else int(st.epochs) * steps_per_epoch for st in stages]
   spans, start = [], 0
   for i, (st, n) in enumerate(zip(stages, lengths)):
     spans.append(StageSpan(i, st, start, n, sum(lengths)))

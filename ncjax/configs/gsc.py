@@ -71,6 +71,9 @@ def get_config(arg=None):
                   **{k: v for k, v in given.items() if v is not None})
     region_args = config_lib.ml_collections.ConfigDict(region)
     config_lib.region_model(c, region_args)
+    # the caption-caption structure as each public code builds it: SCAN attention between the two captions' words
+    # in GSC's single-network code, position-aligned word differences in GSC+'s
+    c.model.region.text_structure = "aligned" if a.coteach else "attention"
     c.optim.name, c.optim.grad_clip_norm, c.optim.weight_decay = a.optimizer, 2.0, 0.0
     if args.setting != "paper":
       c.num_epochs = args.epochs or 12

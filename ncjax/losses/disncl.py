@@ -78,8 +78,10 @@ def align_loss(similarity, margins, keep=None, *, reduction: str = "sum", negati
 
   similarity (B, B) with rows = images; margins (B,) or a scalar; keep bool (B,) (None: all).
   reduction: 'sum' (VSE++ / SGRAF / NCR) or 'mean' over the kept pairs.
-  negatives: 'hardest' (max violation, eq. 3 and SGRAF's max_violation=True) or 'all' (every in-batch negative's
-  hinge summed: VSE0 / SGRAF's max_violation=False, the stabler choice from a random initialisation).
+  negatives: 'hardest' (max violation, eq. 3 and SGRAF's max_violation=True), 'all' (every in-batch negative's
+  hinge summed: VSE0 / SGRAF's max_violation=False, the stabler choice from a random initialisation) or 'all_mean'
+  (every negative's hinge averaged over the B - 1 negatives of each anchor: the warm-up of the same group's public
+  code, NCR / MSCN, (B - 1) times smaller than 'all').
   Returns (loss, metrics)."""
   s = f32(similarity)
   b = s.shape[0]
@@ -96,8 +98,12 @@ def align_loss(similarity, margins, keep=None, *, reduction: str = "sum", negati
     cost_caption = jnp.where(eye, 0.0, jax.nn.relu(alpha[:, None] - diag[:, None] + s))   # row i: image i
     cost_image = jnp.where(eye, 0.0, jax.nn.relu(alpha[None, :] - diag[None, :] + s))     # column i: caption i
     per_sample = jnp.sum(cost_caption, axis=1) + jnp.sum(cost_image, axis=0)
+  elif negatives == "all_mean":
+    cost_caption = jnp.where(eye, 0.0, jax.nn.relu(alpha[:, None] - diag[:, None] + s))
+    cost_image = jnp.where(eye, 0.0, jax.nn.relu(alpha[None, :] - diag[None, :] + s))
+    per_sample = (jnp.sum(cost_caption, axis=1) + jnp.sum(cost_image, axis=0)) / max(b - 1, 1)
   else:
-    raise ValueError(f"unknown negatives {negatives!r}; expected 'hardest' or 'all'")
+    raise ValueError(f"unknown negatives {negatives!r}; expected 'hardest', 'all' or 'all_mean'")
   keep = jnp.ones((b,), bool) if keep is None else keep
   per_sample = jnp.where(keep, per_sample, 0.0)
   n_keep = jnp.sum(keep)

@@ -32,16 +32,19 @@ def split_forget_retain(embeddings, forget):
 
 @dataclasses.dataclass(frozen=True)
 class ACOptions(Options):
-  """AC's weights (the slides' eq. 3-6); the defaults are HAC's best row (configs/ac.py sets its own)."""
-  alpha: float = loss_option(0.5)
+  """AC's weights (the slides' eq. 3-6): AC's best row, alpha = gamma = 0.75, beta = 0.5 (HACOptions: HAC's)."""
+  alpha: float = loss_option(0.75)
   beta: float = loss_option(0.5)
-  gamma: float = loss_option(0.5)
+  gamma: float = loss_option(0.75)
   epsilon: float = loss_option(0.1)
 
 
 @dataclasses.dataclass(frozen=True)
 class HACOptions(ACOptions):
-  """HAC / HAC-reg (eq. 7-11): the entailment calibration and the Lorentz-norm regulariser (lam = 0: HAC)."""
+  """HAC / HAC-reg (eq. 7-11): the entailment calibration and the Lorentz-norm regulariser (lam = 0: HAC); HAC's
+  best row alpha = gamma = 0.5, beta = 0.5."""
+  alpha: float = loss_option(0.5)
+  gamma: float = loss_option(0.5)
   omega_r: float = loss_option(0.2)
   omega_f: float = loss_option(1.0)
   lam: float = loss_option(0.5)

@@ -54,6 +54,7 @@ class MethodSetup:
   tokenizer: Any
   num_examples: int
   num_epochs: int = 1
+  num_steps: int | None = None   # the main stage's length in steps instead of num_epochs (MERU's 120k iterations)
   seed: int = 0
   lr: float = 1e-3
   weight_decay: float = 0.0
@@ -204,6 +205,10 @@ class Method(abc.ABC):
     return model
 
   # --- helpers for subclasses ---------------------------------------------------------------------------------
+  def main_stage(self, name: str, updates: Sequence[Update], post_update=None) -> Stage:
+    """The method's main stage: `num_epochs` epochs, or `num_steps` steps when the config sets them."""
+    return Stage(name, self.setup.num_epochs, tuple(updates), post_update=post_update, steps=self.setup.num_steps)
+
   def frozen_groups(self) -> list[ParamGroup]:
     """The parameters `optim.freeze` freezes (first, before a method's own groups)."""
     return [ParamGroup(self.setup.freeze, None, name="frozen")] if self.setup.freeze else []

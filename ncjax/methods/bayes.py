@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from ncjax.losses import bayes, contrastive
-from ncjax.methods.base import BenchEntry, Stage, Update
+from ncjax.methods.base import BenchEntry, Update
 from ncjax.methods.registry import register
 from ncjax.methods.two_tower import TwoTowerMethod, stored_clamps
 from ncjax.numerics import diagonal
@@ -126,8 +126,8 @@ class BayesianCL(TwoTowerMethod):
     return loss, (metrics, new)
 
   def stages(self):
-    return (Stage("train", self.setup.num_epochs, (Update("main", self.loss_fn, self.default_param_groups()),),
-                  post_update=stored_clamps(self.model_spec)),)
+    return (self.main_stage("train", (Update("main", self.loss_fn, self.default_param_groups()),),
+                            post_update=stored_clamps(self.model_spec)),)
 
   def clean_scores(self, params, state):
     del params

@@ -49,6 +49,9 @@ class DisNCLOptions(HingeOptions):
   beta3: float = method_option(0.5)
   filtration: bool = method_option(True)
   critic_pool: str = method_option("mean")        # how regions / words become the critics' vectors
+  # the warm-up stage's hinge: 'all_mean' (every negative averaged: NCR / MSCN's public warm-up, the paper preset),
+  # 'all' (summed: the synthetic preset's VSE++ start) or 'hardest'
+  warmup_negatives: str = loss_option("all_mean")
   margin_kind: str = loss_option("exponential")
   margin_base: float = loss_option(10.0)
   temperature: float = loss_option(0.1)           # L_soft's and the confidence's tau
@@ -88,18 +91,20 @@ class DisNCL(RegionMethod):
 
   def _similarity(self, model, batch, rng):
     feats = model.features(batch["image"], batch["tokens"], rng)
-    h = model.head.matrix(feats["v_s"], feats["t_s"], feats["mask"], pairs_per_step=model.pairs_per_step)
+    # the head's pooling dropout (SGRAF's, model.region.pool_dropout) from its own stream
+    h = model.head.matrix(feats["v_s"], feats["t_s"], feats["mask"], pairs_per_step=model.pairs_per_step,
+                          rng=jax.random.fold_in(rng, 1))
     return h, feats
 
   def warmup_loss(self, params, state, batch, rng):
-    """L_align with the constant margin on every pair (the paper's 5 warm-up epochs); with
-    loss.all_negatives_epochs > 0 the hinge is summed over every negative instead of the hardest (the synthetic
-    preset: from a random start the max-violation hinge collapses, see ncjax.methods.sgraf)."""
+    """L_align with the constant margin on every pair (the paper's 5 warm-up epochs), over the negatives
+    `loss.warmup_negatives` names: averaged over all of them as the same group's public code warms up (the paper
+    preset), or summed (the synthetic preset: from a random start the max-violation hinge collapses, see
+    ncjax.methods.sgraf)."""
     model = self.bind(params).model
     h, _ = self._similarity(model, batch, rng)
     o = self.options
-    negatives = "all" if o.all_negatives_epochs else "hardest"
-    loss, metrics = L.align_loss(h, o.margin, reduction=o.reduction, negatives=negatives)
+    loss, metrics = L.align_loss(h, o.margin, reduction=o.reduction, negatives=o.warmup_negatives)
     return loss, (metrics, state)
 
   def adversary_loss(self, params, state, batch, rng):
@@ -141,5 +146,5 @@ class DisNCL(RegionMethod):
     if o.warmup_epochs:
       stages.append(Stage("warmup", o.warmup_epochs, (Update("align", self.warmup_loss,
                                                             self.default_param_groups()),)))
-    stages.append(Stage("train", setup.num_epochs, (adversary, main)))
+    stages.append(self.main_stage("train", (adversary, main)))
     return tuple(stages)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from ncjax import models
 from ncjax.losses import gsc
-from ncjax.methods.base import BenchEntry, Method, ParamGroup, Stage, Update
+from ncjax.methods.base import BenchEntry, Method, ParamGroup, Update
 from ncjax.methods.registry import register
 from ncjax.methods.two_tower import stored_clamps
 from ncjax.options import Options, loss_option, method_option
@@ -78,27 +78,28 @@ class GSC(Method):
     state["epoch"] = jnp.zeros((), jnp.int32)
     return state
 
-  def _net_loss(self, model, batch, y):
+  def _net_loss(self, model, batch, y, rng):
     o = self.options
+    # the region backbone's dropout (SGRAF's word and pooling dropout) draws from these; two towers have none
+    k_txt, k_sim, k_img, k_cap = jax.random.split(rng, 4)
     img = model.encode_image(batch["image"])
-    txt = model.encode_text(batch["tokens"])
-    sim = model.similarity(img, txt)
+    txt = model.encode_text(batch["tokens"], k_txt)
+    sim = model.similarity(img, txt, k_sim)
     if o.temperature == "model":  # CLIP towers: use the learned logit scale instead of a fixed tau1
       sim = sim * jnp.exp(model.get_logit_scale()) * o.tau1
     # Two-tower models: cosine structures; SGRAF (configs/gsc.py:backbone=sgraf): sigmoid(SGR) of image-image and
     # caption-caption pairs through the shared similarity head, as the public code.
-    return gsc.batch_loss(sim, model.image_structure(img), model.text_structure(txt), y, o.tau1, o.tau2, o.gamma,
-                          o.indicator)
+    return gsc.batch_loss(sim, model.image_structure(img, k_img), model.text_structure(txt, k_cap), y, o.tau1, o.tau2,
+                          o.gamma, o.indicator)
   def net_loss_fn(self, name: str):
     """The loss of network `name`, weighted by its peer's labels under co-teaching (its own otherwise)."""
     k = self.nets.index(name)
     peer = self.nets[(k + 1) % len(self.nets)]
 
     def loss_fn(params, state, batch, rng):
-      del rng
       ids = batch["id"]
       y = jax.lax.stop_gradient(state[peer]["y"][ids])
-      loss, m = self._net_loss(getattr(self.bind(params), name), batch, y)
+      loss, m = self._net_loss(getattr(self.bind(params), name), batch, y, jax.random.fold_in(rng, k))
       st = dict(state[name])
       st["pred"] = st["pred"].at[ids].set(m["y_cm"])
       st["topo"] = st["topo"].at[ids].set(m["s_im"])
@@ -140,7 +141,7 @@ class GSC(Method):
           self.frozen_groups() + [ParamGroup(rf"{name}/.*", setup.lr, setup.weight_decay, name=name),
                                   ParamGroup(".*", None)]))
           for name in self.nets)
-    return (Stage("train", self.setup.num_epochs, updates, post_update=stored_clamps(self.model_spec, self.nets)),)
+    return (self.main_stage("train", updates, post_update=stored_clamps(self.model_spec, self.nets)),)
 
   def clean_scores(self, params, state):
     del params

@@ -198,13 +198,13 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
     blocks = "|".join(str(i) for i in range(o.frozen_text_blocks))
     frozen_text = (rf"model/txt/(transformer/block_({blocks})/.*|pos_embedding)" if blocks
                    else r"model/txt/pos_embedding")
-    unlearn_stage = Stage("unlearn", setup.num_epochs, (Update(
+    unlearn_stage = self.main_stage("unlearn", (Update(
         "unlearn", self.unlearn_stage_loss, tuple(
             frozen + [ParamGroup(r"prompt/.*", None, name="prompt_frozen"),
                       ParamGroup(frozen_text, None, name="text_frozen"),
                       ParamGroup(".*", o.lr_unlearn, setup.weight_decay, name="unlearn")])),),
-                          post_update=chain_post_updates(stored_clamps(self.model_spec), UNLEARN_CLAMP))
-    if setup.num_epochs < 1:
+        post_update=chain_post_updates(stored_clamps(self.model_spec), UNLEARN_CLAMP))
+    if setup.num_steps is None and setup.num_epochs < 1:
       raise ValueError(f"num_epochs={setup.num_epochs}: NCU's unlearning stage needs at least one epoch (the "
                        f"prompt stage's {o.epochs_prompt} come before it)")
     return (prompt_stage, unlearn_stage)

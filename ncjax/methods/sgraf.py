@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from ncjax import models
 from ncjax.losses import disncl as disncl_loss
 from ncjax.methods.base import BenchEntry, Method, Stage, Update
@@ -53,7 +55,8 @@ class SGRAF(RegionMethod):
   def hinge_loss_fn(self, negatives: str):
     def loss_fn(params, state, batch, rng):
       model = self.bind(params).model
-      h = model.similarity(model.encode_image(batch["image"]), model.encode_text(batch["tokens"], rng))
+      h = model.similarity(model.encode_image(batch["image"]), model.encode_text(batch["tokens"], rng),
+                           jax.random.fold_in(rng, 1))   # SGRAF's word dropout, then its pooling dropout
       o = self.options
       loss, metrics = disncl_loss.align_loss(h, o.margin, reduction=o.reduction, negatives=negatives)
       return loss, (metrics, state)
@@ -66,5 +69,5 @@ class SGRAF(RegionMethod):
     if self.options.all_negatives_epochs:
       stages.append(Stage("all_negatives", self.options.all_negatives_epochs,
                           (Update("main", self.hinge_loss_fn("all"), groups),)))
-    stages.append(Stage("train", self.setup.num_epochs, (Update("main", self.hinge_loss_fn("hardest"), groups),)))
+    stages.append(self.main_stage("train", (Update("main", self.hinge_loss_fn("hardest"), groups),)))
     return tuple(stages)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from ncjax import models
 from ncjax.contract import PostUpdate
-from ncjax.methods.base import Method, Stage, Update
+from ncjax.methods.base import Method, Update
 
 
 def clamp_logit_scale(low: float, high: float, module: str = "model") -> PostUpdate:
@@ -66,5 +66,5 @@ class SingleModelMethod(TwoTowerMethod):
     return loss, (metrics, self.update_state(state, batch, metrics))
 
   def stages(self):
-    return (Stage("train", self.setup.num_epochs,
-                  (Update("main", self.loss_fn, self.default_param_groups()),), post_update=self.post_update()),)
+    return (self.main_stage("train", (Update("main", self.loss_fn, self.default_param_groups()),),
+                            post_update=self.post_update()),)

@@ -67,7 +67,7 @@ class DisNCLModel(sgraf.RegionScoring, nnx.Module):
     self.f_s, self.f_x = MLP(d, hidden, s, rngs=rngs), MLP(d, hidden, s, rngs=rngs)
     self.g_s, self.g_x = MLP(d, hidden, s, rngs=rngs), MLP(d, hidden, s, rngs=rngs)
     self.head = sgraf.SimilarityHead(s, spec["sim_dim"], kind=spec["head"], steps=spec["steps"],
-                                     smooth=spec["smooth"], rngs=rngs)
+                                     smooth=spec["smooth"], pool_dropout=spec.get("pool_dropout", 0.0), rngs=rngs)
     self.pairs_per_step = spec["pairs_per_step"]
     # critics: (x, y) dims. Invariant / exclusive vectors are s-dimensional, F_v / F_t are d-dimensional.
     dims = dict(inv_v=(s, d), inv_t=(s, d), exc_v=(s, d), exc_t=(s, d),

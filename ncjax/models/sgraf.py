@@ -114,6 +114,15 @@ class GRUTextEncoder(nnx.Module):
     return jnp.where(mask[..., None], out, 0.0), mask
 
 
+def _dropout(key, x, rate: float):
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def _split(rng, n: int):
+  return (None,) * n if rng is None else tuple(jax.random.split(rng, n))
+
+
 def _masked_softmax(logits, mask, axis=-1):
   logits = jnp.where(mask, logits, -1e30)
   w = jax.nn.softmax(logits, axis=axis)
@@ -124,15 +133,20 @@ class SelfAttentionPool(nnx.Module):
   """VisualSA / TextSA: the global vector as an attention-weighted sum of the locals, the weights from
   tanh(W_l local) * tanh(W_g mean) (BatchNorm removed, see the module docstring)."""
 
-  def __init__(self, dim: int, *, rngs: nnx.Rngs):
+  def __init__(self, dim: int, *, dropout: float = 0.0, rngs: nnx.Rngs):
     self.local = nnx.Linear(dim, dim, rngs=rngs)
     self.glob = nnx.Linear(dim, dim, rngs=rngs)
     self.common = nnx.Linear(dim, 1, rngs=rngs)
+    self.dropout = float(dropout)   # SGRAF's Dropout(0.4) after each tanh embedding, in training (`rng` given)
 
-  def __call__(self, local, mask):
+  def __call__(self, local, mask, rng=None):
     m = f32(mask)[..., None]
     mean = jnp.sum(local * m, axis=-2) / jnp.maximum(jnp.sum(m, axis=-2), 1.0)
-    common = jnp.tanh(self.local(local)) * jnp.tanh(self.glob(mean))[..., None, :]
+    emb_local, emb_global = jnp.tanh(self.local(local)), jnp.tanh(self.glob(mean))
+    if rng is not None and self.dropout > 0:
+      k_local, k_global = jax.random.split(rng)
+      emb_local, emb_global = _dropout(k_local, emb_local, self.dropout), _dropout(k_global, emb_global, self.dropout)
+    common = emb_local * emb_global[..., None, :]
     weights = _masked_softmax(self.common(common)[..., 0], mask)
     return l2norm(jnp.sum(weights[..., None] * local, axis=-2))
 
@@ -155,12 +169,12 @@ class SimilarityHead(nnx.Module):
   """SGRAF's EncoderSimilarity: H(regions, words) in (0, 1) (SGR or SAF aggregation)."""
 
   def __init__(self, embed_dim: int, sim_dim: int = 256, *, kind: str = "sgr", steps: int = 3, smooth: float = 9.0,
-               rngs: nnx.Rngs):
+               pool_dropout: float = 0.0, rngs: nnx.Rngs):
     if kind not in ("sgr", "saf"):
       raise ValueError(f"unknown similarity head {kind!r}; expected 'sgr' or 'saf'")
     self.kind, self.smooth = kind, float(smooth)
-    self.v_pool = SelfAttentionPool(embed_dim, rngs=rngs)
-    self.t_pool = SelfAttentionPool(embed_dim, rngs=rngs)
+    self.v_pool = SelfAttentionPool(embed_dim, dropout=pool_dropout, rngs=rngs)
+    self.t_pool = SelfAttentionPool(embed_dim, dropout=pool_dropout, rngs=rngs)
     self.sim_local = nnx.Linear(embed_dim, sim_dim, rngs=rngs)
     self.sim_global = nnx.Linear(embed_dim, sim_dim, rngs=rngs)
     self.sim_eval = nnx.Linear(sim_dim, 1, rngs=rngs)
@@ -183,10 +197,11 @@ class SimilarityHead(nnx.Module):
       pooled = l2norm(jnp.sum(gate[..., None] * nodes, axis=-2))
     return jax.nn.sigmoid(self.sim_eval(pooled)[..., 0])
 
-  def global_vectors(self, regions, words, word_mask):
+  def global_vectors(self, regions, words, word_mask, rng=None):
     """The self-attention-pooled global vectors of each image (Bi, D) and each caption (Bt, D), computed once per
-    item (not once per pair)."""
-    return self.v_pool(regions, jnp.ones(regions.shape[:-1], bool)), self.t_pool(words, word_mask)
+    item (not once per pair); `rng`: the pools' dropout in training."""
+    k_v, k_t = _split(rng, 2)
+    return self.v_pool(regions, jnp.ones(regions.shape[:-1], bool), k_v), self.t_pool(words, word_mask, k_t)
 
   def pair_vectors(self, regions, words, v_glo, t_glo):
     """Similarity vectors of aligned pairs: regions (P, R, D), words (P, L, D), their global vectors (P, D)
@@ -206,12 +221,12 @@ class SimilarityHead(nnx.Module):
     sim_glo, sim_loc = self.pair_vectors(regions, words, v_glo, t_glo)
     return self._aggregate(sim_glo, sim_loc, word_mask)
 
-  def matrix(self, regions, words, word_mask, *, pairs_per_step: int = 4096):
+  def matrix(self, regions, words, word_mask, *, pairs_per_step: int = 4096, rng=None):
     """H of every (image i, caption j): regions (Bi, R, D), words (Bt, L, D) -> (Bi, Bt), computed
-    pairs_per_step // Bi captions at a time."""
+    pairs_per_step // Bi captions at a time; `rng`: the pools' dropout in training."""
     n_img, n_txt = regions.shape[0], words.shape[0]
     chunk = max(1, min(int(pairs_per_step) // max(n_img, 1), n_txt))
-    v_glo, t_glo = self.global_vectors(regions, words, word_mask)
+    v_glo, t_glo = self.global_vectors(regions, words, word_mask, rng)
 
     def one_caption(args):
       w, m, tg = args
@@ -221,11 +236,11 @@ class SimilarityHead(nnx.Module):
     cols = jax.lax.map(one_caption, (words, word_mask, t_glo), batch_size=chunk)   # (Bt, Bi)
     return cols.T
 
-  def intra_image(self, regions):
+  def intra_image(self, regions, rng=None):
     """GSC's image-image structure with this head: region-wise squared differences at the same region index (no
     attention) plus the global difference, aggregated like a pair. (Bi, R, D) -> (Bi, Bi)."""
     region_mask = jnp.ones(regions.shape[:-1], bool)
-    glo = self.v_pool(regions, region_mask)
+    glo = self.v_pool(regions, region_mask, rng)
 
     def row(i_regions, i_glo):
       sim_loc = l2norm(self.sim_local(jnp.square(i_regions[None] - regions)))
@@ -234,18 +249,42 @@ class SimilarityHead(nnx.Module):
 
     return jax.lax.map(lambda a: row(*a), (regions, glo))
 
-  def intra_text(self, words, word_mask):
-    """GSC+'s caption-caption structure: position-aligned word differences (padding included, as the public code),
-    plus the global difference. (Bt, L, D) -> (Bt, Bt)."""
-    glo = self.t_pool(words, word_mask)
-    all_words = jnp.ones(word_mask.shape, bool)
+  def intra_text(self, words, word_mask, form: str = "attention", rng=None):
+    """GSC's caption-caption structure with this head, (Bt, L, D) -> (Bt, Bt), aggregated like a pair:
+      'attention' (GSC's single-network code, `GSC/model/SGRAF.py`): caption i's words attend over caption j's words
+                  (SCAN's attention, smoothing `smooth`, each side within its length), the attended context
+                  differences plus the global difference;
+      'aligned'   (GSC+'s code): position-aligned word differences (padding included, as that code) plus the global
+                  difference, no attention."""
+    if form not in TEXT_STRUCTURES:
+      raise ValueError(f"unknown model.region.text_structure {form!r}; expected one of {TEXT_STRUCTURES}")
+    glo = self.t_pool(words, word_mask, rng)
+    if form == "aligned":
+      all_words = jnp.ones(word_mask.shape, bool)
 
-    def row(i_words, i_glo):
-      sim_loc = l2norm(self.sim_local(jnp.square(i_words[None] - words)))
+      def row(i_words, i_glo):
+        sim_loc = l2norm(self.sim_local(jnp.square(i_words[None] - words)))
+        sim_glo = l2norm(self.sim_global(jnp.square(i_glo[None] - glo) + 1e-6))
+        return self._aggregate(sim_glo, sim_loc, all_words)
+
+      return jax.lax.map(lambda a: row(*a), (words, glo))
+
+    context_mask = word_mask[:, None, :]                                # (Bt, 1, M): caption j's own words
+
+    def attended_row(i_words, i_mask, i_glo):
+      attn = jnp.einsum("jmd,ld->jml", words, i_words)                  # (Bt, M, L): j's words x i's words
+      attn = jax.nn.leaky_relu(attn, 0.1) * f32(i_mask)[None, None, :]
+      attn = l2norm(attn, axis=-1)                                      # over i's (valid) words, as SCAN
+      attn = _masked_softmax(self.smooth * jnp.swapaxes(attn, -1, -2), context_mask)   # (Bt, L, M): over j's words
+      context = l2norm(jnp.einsum("jlm,jmd->jld", attn, words))
+      sim_loc = l2norm(self.sim_local(jnp.square(context - i_words[None])))
       sim_glo = l2norm(self.sim_global(jnp.square(i_glo[None] - glo) + 1e-6))
-      return self._aggregate(sim_glo, sim_loc, all_words)
+      return self._aggregate(sim_glo, sim_loc, jnp.broadcast_to(i_mask, word_mask.shape))
 
-    return jax.lax.map(lambda a: row(*a), (words, glo))
+    return jax.lax.map(lambda a: attended_row(*a), (words, word_mask, glo))
+
+
+TEXT_STRUCTURES = ("attention", "aligned")
 
 
 def pack_text(words, mask):
@@ -261,9 +300,10 @@ class RegionScoring:
   """The learned-similarity half of a region model: `self.head` (a SimilarityHead) over image region features and
   packed caption word features (`pack_text`), `self.pairs_per_step` pairs at a time."""
 
-  def similarity(self, img, txt):
+  def similarity(self, img, txt, rng=None):
+    """H of every (image, caption) pair; `rng`: the head's dropout in training (SGRAF's pools)."""
     words, mask = unpack_text(txt)
-    return self.head.matrix(img, words, mask, pairs_per_step=self.pairs_per_step)
+    return self.head.matrix(img, words, mask, pairs_per_step=self.pairs_per_step, rng=rng)
 
   def score(self, img, txt):
     return self.similarity(img, txt)
@@ -288,10 +328,15 @@ class RegionRetrievalModel(RegionScoring, nnx.Module):
 
   def __init__(self, *, feature_dim: int, embed_dim: int, vocab_size: int, word_dim: int = 300, sim_dim: int = 256,
                head: str = "sgr", steps: int = 3, smooth: float = 9.0, word_dropout: float = 0.0, pad_id: int = 0,
-               pairs_per_step: int = 4096, rngs: nnx.Rngs):
+               pairs_per_step: int = 4096, text_structure: str = "attention", pool_dropout: float = 0.0,
+               rngs: nnx.Rngs):
+    if text_structure not in TEXT_STRUCTURES:
+      raise ValueError(f"unknown model.region.text_structure {text_structure!r}; expected one of {TEXT_STRUCTURES}")
+    self.text_structure_form = text_structure
     self.img = RegionEncoder(feature_dim, embed_dim, rngs=rngs)
     self.txt = GRUTextEncoder(vocab_size, word_dim, embed_dim, pad_id=pad_id, word_dropout=word_dropout, rngs=rngs)
-    self.head = SimilarityHead(embed_dim, sim_dim, kind=head, steps=steps, smooth=smooth, rngs=rngs)
+    self.head = SimilarityHead(embed_dim, sim_dim, kind=head, steps=steps, smooth=smooth, pool_dropout=pool_dropout,
+                               rngs=rngs)
     self.pairs_per_step = int(pairs_per_step)
 
   def encode_image(self, regions):
@@ -300,11 +345,11 @@ class RegionRetrievalModel(RegionScoring, nnx.Module):
   def encode_text(self, tokens, rng=None):
     return pack_text(*self.txt(tokens, rng))
 
-  def image_structure(self, img):
-    return self.head.intra_image(img)
+  def image_structure(self, img, rng=None):
+    return self.head.intra_image(img, rng)
 
-  def text_structure(self, txt):
-    return self.head.intra_text(*unpack_text(txt))
+  def text_structure(self, txt, rng=None):
+    return self.head.intra_text(*unpack_text(txt), form=self.text_structure_form, rng=rng)
 
 
 def build_region_model(spec: dict, *, vocab_size: int, pad_id: int = 0, seed: int = 0) -> RegionRetrievalModel:

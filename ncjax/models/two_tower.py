@@ -72,7 +72,9 @@ class TwoTower(nnx.Module):
     emb, features = micro_batched(encode, images, micro_batches=self.micro_batches)
     return (emb, features) if return_features else emb
 
-  def encode_text(self, tokens, *, token_embeddings=None, return_features: bool = False):
+  def encode_text(self, tokens, rng=None, *, token_embeddings=None, return_features: bool = False):
+    """`rng` is accepted as a region model's encoder takes it (its word dropout); the towers use none."""
+    del rng
     def encode(t, *embedded):
       emb, features = self.txt(t, token_embeddings=embedded[0] if embedded else None, return_features=True)
       return self.geometry.embed(emb, "text"), features
@@ -81,7 +83,8 @@ class TwoTower(nnx.Module):
     emb, features = micro_batched(encode, *args, micro_batches=self.micro_batches)
     return (emb, features) if return_features else emb
 
-  def similarity(self, image_emb, text_emb):
+  def similarity(self, image_emb, text_emb, rng=None):
+    del rng   # (a region model's learned head takes its dropout key here)
     return self.geometry.logits_similarity(image_emb, text_emb)
 
   def score(self, image_emb, text_emb):
@@ -102,11 +105,13 @@ class TwoTower(nnx.Module):
                      image_features=lambda x: self.encode_image(x, return_features=True)[1],
                      ensemble=self.geometry.ensemble, norm=self.geometry.norm)
 
-  def image_structure(self, image_emb):
+  def image_structure(self, image_emb, rng=None):
     """Image-image structure (GSC's A): cosine similarities of the batch's image embeddings."""
+    del rng
     return image_emb @ image_emb.T
 
-  def text_structure(self, text_emb):
+  def text_structure(self, text_emb, rng=None):
+    del rng
     return text_emb @ text_emb.T
 
   def __call__(self, images, tokens):

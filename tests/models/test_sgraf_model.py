@@ -74,8 +74,10 @@ def test_intra_modal_structures_are_symmetric_with_one_self_similarity():
   (region i vs region i, word l vs word l, global vs global), so swapping the two items changes nothing: both
   matrices are symmetric in value, not only square. An item compared with itself has zero differences, so every
   diagonal entry is the head's score of the zero difference, the same for all items; off the diagonal the items
-  differ. (Every entry is a sigmoid, in (0, 1), whatever the head computes: that range tests nothing.)"""
-  model = _model()
+  differ. (Every entry is a sigmoid, in (0, 1), whatever the head computes: that range tests nothing.) The
+  caption structure here is GSC+'s position-aligned form; GSC's attended form (the default) is tested in
+  tests/test_recipes.py."""
+  model = _model(text_structure="aligned")
   img = model.encode_image(jnp.asarray(np.random.default_rng(3).normal(size=(4, 6, 12)), jnp.float32))
   txt = model.encode_text(_tokens([2, 5, 3, 5], 8))
   a, b = np.asarray(model.image_structure(img)), np.asarray(model.text_structure(txt))
