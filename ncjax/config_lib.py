@@ -205,7 +205,7 @@ BENCH_ARGUMENTS = dict(every=("data", "noise", "epochs", "batch"), two_tower=("m
 
 # The embedded datasets, whose configs inject synthetic noise by default (they are clean otherwise). A user's own
 # data is trained as it is unless `noise=` asks for injected noise: web data carries its own.
-EMBEDDED_DATASETS = ("digits", "synthetic", "precomp_synthetic")
+EMBEDDED_DATASETS = ("digits", "scenes", "synthetic", "precomp_synthetic")
 
 
 def noise_for(data: str, given: float | None, embedded_default: float) -> float:

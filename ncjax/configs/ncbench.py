@@ -12,13 +12,18 @@ the CLIP model with its forget set taken from GSC's soft labels / Bayesian CL's 
 method's own config), reference (a method trained on clean captions once per seed — noise 0 — whose drop to its
 noisy runs the table's 'recovered' column measures each method against; default 'clip' on the embedded datasets,
 none on a user's data, whose noise is real), model (the two-tower size every method trains; default 'tiny_deep' on
-digits — tiny with a 4-block image tower, see ncjax/models/sizes.py — else each method's own config).
+digits — tiny with a 4-block image tower, see ncjax/models/sizes.py —, 'tiny_scenes' on scenes, else each method's
+own config).
 """
 
 import ml_collections
 
 from ncjax import config_lib
 from ncjax.config_lib import optional
+
+
+# The two-tower size every method trains on the embedded image datasets (elsewhere: each method's own config).
+DEFAULT_MODELS = {"digits": "tiny_deep", "scenes": "tiny_scenes"}
 
 
 def get_config(arg=None):
@@ -31,5 +36,5 @@ def get_config(arg=None):
       seeds=int(a.seeds), methods=config_lib.plus_list(a.methods), epochs=a.epochs or 0, batch=a.batch or 0,
       reference=a.reference if a.reference is not None else
       ("clip" if a.data in config_lib.EMBEDDED_DATASETS else ""),
-      model=a.model if a.model is not None else ("tiny_deep" if a.data == "digits" else "")))
+      model=a.model if a.model is not None else DEFAULT_MODELS.get(a.data, "")))
   return config_lib.lock(c)

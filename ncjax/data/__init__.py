@@ -1,23 +1,25 @@
 """Datasets, noise protocols and the training input pipeline.
 
-`input.dataset` names: an in-memory dataset ('digits', 'synthetic'); 'tfds:<builder>/<config>' for a dataset built
+`input.dataset` names: an in-memory dataset ('digits', 'scenes', 'synthetic'); 'tfds:<builder>/<config>' for a dataset built
 by `python -m ncjax.data.build` (web_pairs, karpathy, precomp, digits); 'tfds:<name>' for any other tfds dataset
 prepared under input.data_dir (cifar10, imagenet2012, ...: classification, for evaluation); 'image_folder:PATH' for
 a local labelled image tree or table, 'table:PATH' for a CSV / TSV of image-caption pairs read as it is
-(ncjax.data.classification).
+(ncjax.data.classification); 'web:ROOT[::ROOT2...]' for img2dataset output at any size, streamed or indexed
+(training only: ncjax.data.web_pipeline).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ncjax.data import digits, precomp_synthetic, synthetic
+from ncjax.data import digits, precomp_synthetic, scenes, synthetic
 from ncjax.data.types import PairSplit
 from ncjax.registry import Registry
 
 # In-memory datasets by name: load(split, image_size=...) -> PairSplit. Built tfds datasets are 'tfds:<builder>/...'.
 DATASETS: Registry = Registry("dataset")
 DATASETS.add("digits", digits.load)
+DATASETS.add("scenes", scenes.load)
 DATASETS.add("synthetic", synthetic.load)
 DATASETS.add("precomp_synthetic", precomp_synthetic.load)
 
@@ -25,6 +27,10 @@ DATASETS.add("precomp_synthetic", precomp_synthetic.load)
 def load_split(input_config, split: str, image_size: int) -> PairSplit:
   """In-memory datasets by name; built tfds datasets as 'tfds:<builder>/<config>' (images read lazily)."""
   name = input_config.dataset
+  if name.startswith("web:"):
+    raise ValueError(f"{name!r} is web-scale training data (ncjax.data.web_pipeline), read only by the trainer: "
+                     f"evaluate on another dataset (--config.evals.NAME.dataset=...) or switch the evaluator off "
+                     f"(--config.evals.NAME.enabled=False)")
   if name.startswith("image_folder:"):
     from ncjax.data import classification
     return classification.load_image_folder(name[len("image_folder:"):], split)

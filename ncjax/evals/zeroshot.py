@@ -50,7 +50,8 @@ def _read_list_file(path: str, what: str, dataset: str = ""):
 
 def templates_for(name: str, dataset: str = ""):
   """A template set: 'imagenet80' (CLIP paper), 'imagenet7' (OpenAI's subset), 'cifar', 'single', 'digits' (the
-  digits caption templates with their attributes marginalised), 'digits_plain' (four class-only prompts), 'auto'
+  digits caption templates with their attributes marginalised), 'digits_plain' (four class-only prompts), 'scenes'
+  (the scenes captions' wording, the class — the large object's colour — with every size word and shape), 'auto'
   (the evaluated dataset's own CLIP prompts: digits', or CLIP_benchmark's for tfds:cifar10, tfds:imagenet2012, ...;
   imagenet80 otherwise), a CLIP_benchmark dataset key ('cifar100', 'imagenet1k', 'pets', ...: its prompts), or a
   file: .txt (one template per line), JSON list, JSON {class name: [prompts]} (class-specific, CuPL-style) or JSON
@@ -58,12 +59,15 @@ def templates_for(name: str, dataset: str = ""):
   from ncjax.data.classification import zeroshot_templates
   if name == "auto":
     base = dataset.split(":", 1)[-1].split("/")[0]
-    if base == "digits":
-      name = "digits"
+    if base in ("digits", "scenes"):
+      name = base
     else:
       return zeroshot_templates(base) or _builtin_templates()["imagenet80"]
   if name == "digits":
     from ncjax.data.digits import ZEROSHOT_TEMPLATES
+    return ZEROSHOT_TEMPLATES
+  if name == "scenes":
+    from ncjax.data.scenes import ZEROSHOT_TEMPLATES
     return ZEROSHOT_TEMPLATES
   if name == "digits_plain":
     from ncjax.data.digits import PLAIN_TEMPLATES
@@ -82,7 +86,7 @@ def templates_for(name: str, dataset: str = ""):
   known = zeroshot_templates(name)
   if known:
     return known
-  raise ValueError(f"unknown template set {name!r}; built in: {sorted(builtin) + ['digits', 'digits_plain']}, a "
+  raise ValueError(f"unknown template set {name!r}; built in: {sorted(builtin) + ['digits', 'digits_plain', 'scenes']}, a "
                    f"CLIP_benchmark dataset key (cifar10, imagenet1k, ...), or a .txt / .json file path")
 
 

@@ -20,6 +20,10 @@ SIZES: dict[str, dict] = {
     # tiny's 2-block image tower reaches 89-90% zero-shot and a linear probe of 95%; 4 blocks reach 93-95% zero-shot.
     "tiny_deep": dict(embed_dim=64, image=dict(image_size=16, patch_size=4, width=64, depth=4, heads=2),
                       text=dict(width=64, depth=2, heads=2, context_length=16, vocab_size=None)),
+    # tiny_deep on the embedded scenes (ncjax/data/scenes.py): 24 px scenes in 16 patches of 6 px, a context of 40 word
+    # tokens, which holds every scenes caption (at most 30 words) with NCU's 8 prompt tokens and the end-of-text token.
+    "tiny_scenes": dict(embed_dim=64, image=dict(image_size=24, patch_size=6, width=64, depth=4, heads=2),
+                        text=dict(width=64, depth=2, heads=2, context_length=40, vocab_size=None)),
     # tiny with one block per tower: smoke runs and the test suite. XLA compiles the blocks unrolled, so compile
     # time grows with depth, and short runs are compile-bound: a tiny trainer's step compiles in about half the time
     # at depth 1 and `make test` runs ~1.5x faster. One block still has every layer kind (attention, MLP, norms).
