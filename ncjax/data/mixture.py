@@ -1,0 +1,230 @@
+"""The order of web-scale training data: which pair every (step, position) reads, a pure function of the seed, the
+step and the datasets' shard counts — computed on demand, never as an N-long array.
+
+Mixture. Datasets d = 0..D-1 with weights w_d are interleaved in blocks of `block` positions: block b holds exactly
+k_d = round(block * w_d) positions of dataset d (largest remainders, so sum k_d = block), arranged by a permutation
+drawn from (seed, stream, b). Position t therefore reads dataset d's `q`-th pair with q = (t // block) * k_d + (the
+number of d's before t in its block): counts up to any step are closed-form, so resume needs nothing but the step,
+and the composition is exact (k_d / block) and recorded with every checkpoint.
+
+Indexed order (stream 0 over the global position step * B + j, the same for any process count): dataset d's
+q-th pair is pair `perm_{d,e}(q mod N_d)` of epoch e = q // N_d, perm an on-demand permutation
+(ncjax.data.permutation) drawn from (seed, d, e): a global shuffle per epoch of each dataset, in O(1) memory. A
+dataset whose weight exceeds its share of the pairs simply runs through more of its own epochs (upsampling).
+
+Streamed order (stream 1 + p over process p's own position step * b + j): process p reads its own shards only.
+Dataset d's shard sequence for p is, epoch after epoch, every P-th shard of that epoch's shard permutation
+(p, p + P, ...), or with `resample` shards drawn with replacement from (seed, d, p, window) (open_clip's
+--dataset-resampled). The sequence is cut into windows of `window` shards; a window's shards are read interleaved
+(one sample of each in turn) through a shuffle buffer of `buffer` samples emptied at the window's end, its draws
+from (seed, d, p, window). Resuming inside a window re-reads that window from its start (at most `window` shards)
+and skips what was already used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from ncjax.data.permutation import Permutation
+
+MIX = 0x6D697820       # 'mix '
+SHARDS = 0x73686472    # 'shdr'
+RESAMPLE = 0x72736D70  # 'rsmp'
+BUFFER = 0x62756666    # 'buff'
+EPOCH = 0x65706F63     # 'epoc'
+
+ORDER_VERSION = 1      # recorded in checkpoints: a change here reorders every web-scale run
+
+
+def block_counts(weights, block: int) -> np.ndarray:
+  """Positions of each dataset per block: round(block * w / sum(w)) by largest remainders (sums to block)."""
+  w = np.asarray(weights, np.float64)
+  if w.ndim != 1 or len(w) == 0 or (w < 0).any() or w.sum() <= 0:
+    raise ValueError(f"mixture weights must be non-negative with a positive sum, got {list(weights)}")
+  exact = block * w / w.sum()
+  counts = np.floor(exact).astype(np.int64)
+  short = block - int(counts.sum())
+  order = np.argsort(-(exact - counts), kind="stable")
+  counts[order[:short]] += 1
+  if ((counts == 0) & (w > 0)).any():
+    raise ValueError(f"a mixture block of {block} positions gives no position to a dataset of weight "
+                     f"{w[(counts == 0) & (w > 0)][0] / w.sum():.2g}: raise input.web.mix_block")
+  return counts
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixture:
+  """Which dataset, and which of its pairs (the ordinal q), each position of a stream reads."""
+  weights: tuple
+  block: int
+  seed: int
+
+  @functools.cached_property
+  def counts(self) -> np.ndarray:
+    return block_counts(self.weights, self.block)
+
+  @functools.lru_cache(maxsize=8)
+  def arrangement(self, stream: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """(dataset of each position, its rank among that dataset's positions) in block b of `stream`."""
+    counts = self.counts
+    labels = np.repeat(np.arange(len(counts)), counts)
+    if len(counts) > 1:
+      labels = np.random.Generator(np.random.PCG64([self.seed, stream, b, MIX])).permutation(labels)
+    rank = np.empty(self.block, np.int64)
+    for d in range(len(counts)):
+      where = labels == d
+      rank[where] = np.arange(int(where.sum()))
+    return labels, rank
+
+  def choose(self, stream: int, positions) -> tuple[np.ndarray, np.ndarray]:
+    """(dataset, ordinal within it) of each position of `stream`."""
+    positions = np.asarray(positions, np.int64)
+    if len(self.weights) == 1:
+      return np.zeros_like(positions), positions
+    blocks, offsets = np.divmod(positions, self.block)
+    datasets, ordinals = np.empty_like(positions), np.empty_like(positions)
+    for b in np.unique(blocks):
+      sel = blocks == b
+      labels, rank = self.arrangement(stream, int(b))
+      d = labels[offsets[sel]]
+      datasets[sel] = d
+      ordinals[sel] = int(b) * self.counts[d] + rank[offsets[sel]]
+    return datasets, ordinals
+
+  def consumed(self, stream: int, position: int) -> np.ndarray:
+    """How many pairs of each dataset positions [0, position) of `stream` read."""
+    b, o = divmod(int(position), self.block)
+    out = b * self.counts.astype(np.int64)
+    if o:
+      labels, _ = self.arrangement(stream, b)
+      out = out + np.bincount(labels[:o], minlength=len(self.counts))
+    return out
+
+
+class EpochPermutations:
+  """Dataset d's ordinal q -> its local pair id: an on-demand permutation of [0, N_d) per epoch of d."""
+
+  def __init__(self, size: int, seed: int, dataset: int):
+    self.size, self.seed, self.dataset = int(size), int(seed), int(dataset)
+    self._perm = functools.lru_cache(maxsize=4)(lambda e: Permutation(self.size, self.seed, self.dataset, e, EPOCH))
+
+  def __call__(self, ordinals) -> np.ndarray:
+    ordinals = np.asarray(ordinals, np.int64)
+    epochs, within = np.divmod(ordinals, self.size)
+    out = np.empty_like(ordinals)
+    for e in np.unique(epochs):
+      sel = epochs == e
+      out[sel] = self._perm(int(e))(within[sel])
+    return out
+
+
+@dataclasses.dataclass
+class Window:
+  """A run of shards of one process's stream: their indices, their sample count and the first stream ordinal."""
+  key: tuple
+  shards: np.ndarray
+  start: int
+  size: int
+
+
+class ShardSchedule:
+  """Process p's shard sequence of one dataset, cut into windows (see the module docstring)."""
+
+  def __init__(self, counts, seed: int, dataset: int, process: int, processes: int, window: int,
+               resample: bool = False):
+    self.counts = np.asarray(counts, np.int64)
+    self.seed, self.dataset, self.process, self.processes = int(seed), int(dataset), int(process), int(processes)
+    self.window, self.resample = max(1, int(window)), bool(resample)
+    n_shards = len(self.counts)
+    if not resample and n_shards < processes:
+      raise ValueError(f"dataset {dataset} has {n_shards} shards for {processes} processes: each process streams "
+                       f"its own shards, so set input.web.resample=True (shards drawn with replacement) or index "
+                       f"it (python -m ncjax.data.build --dataset=web) and read it with input.web.mode='index'")
+    if self.counts.sum() == 0:
+      raise ValueError(f"dataset {dataset} has no samples")
+    self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+  def epoch_shards(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(shards of this process in `epoch`, cumulative sample counts of its windows, starting at 0)."""
+    if epoch not in self._epochs:
+      perm = Permutation(len(self.counts), self.seed, self.dataset, epoch, SHARDS)
+      shards = perm(np.arange(self.process, len(self.counts), self.processes))
+      sizes = self.counts[shards]
+      bounds = np.concatenate([[0], np.cumsum([sizes[i:i + self.window].sum()
+                                                for i in range(0, len(shards), self.window)])]).astype(np.int64)
+      if len(self._epochs) > 8:
+        self._epochs.pop(next(iter(self._epochs)))
+      self._epochs[epoch] = (shards, bounds)
+    return self._epochs[epoch]
+
+  def resampled_window(self, w: int) -> np.ndarray:
+    rng = np.random.Generator(np.random.PCG64([self.seed, self.dataset, self.process, w, RESAMPLE]))
+    return rng.integers(0, len(self.counts), self.window)
+
+  def window_at(self, ordinal: int) -> Window:
+    """The window holding stream ordinal `ordinal` of this process."""
+    ordinal = int(ordinal)
+    if self.resample:
+      w, start = 0, 0
+      while True:   # windows are O(window * shard size) samples: a few thousand steps of walking at most
+        shards = self.resampled_window(w)
+        size = int(self.counts[shards].sum())
+        if ordinal < start + size:
+          return Window(("r", w), shards, start, size)
+        start += size
+        w += 1
+    epoch, start = 0, 0
+    while True:
+      shards, bounds = self.epoch_shards(epoch)
+      if ordinal < start + bounds[-1]:
+        i = int(np.searchsorted(bounds, ordinal - start, side="right") - 1)
+        return Window(("e", epoch, i), shards[i * self.window:(i + 1) * self.window], start + int(bounds[i]),
+                      int(bounds[i + 1] - bounds[i]))
+      start += int(bounds[-1])
+      epoch += 1
+
+  def next_window(self, window: Window) -> Window:
+    if self.resample:   # without walking from the first window again
+      w = int(window.key[1]) + 1
+      shards = self.resampled_window(w)
+      return Window(("r", w), shards, window.start + window.size, int(self.counts[shards].sum()))
+    return self.window_at(window.start + window.size)
+
+  def buffer_rng(self, window: Window) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64([self.seed, self.dataset, self.process, *[
+        int(x) for x in window.key[1:]], 1 if window.key[0] == "r" else 0, BUFFER]))
+
+
+def interleave(iterators):
+  """One item of each iterator in turn; an exhausted one drops out."""
+  live = list(iterators)
+  while live:
+    keep = []
+    for it in live:
+      try:
+        yield next(it)
+      except StopIteration:
+        continue
+      keep.append(it)
+    live = keep
+
+
+def buffer_shuffle(items, size: int, rng: np.random.Generator):
+  """A shuffle buffer of `size` items, emptied in a random order at the end: deterministic given the rng."""
+  buf = []
+  draws, k = np.empty(0, np.int64), 0
+  for x in items:
+    if len(buf) < size:
+      buf.append(x)
+      continue
+    if k == len(draws):
+      draws, k = rng.integers(0, size, 4096), 0
+    r = int(draws[k])
+    k += 1
+    out, buf[r] = buf[r], x
+    yield out
+  for i in rng.permutation(len(buf)):
+    yield buf[i]
