@@ -8,6 +8,12 @@
   python -m ncjax.data.build --dataset=precomp/f30k_precomp --manual_dir=/data/f30k_precomp --data_dir=/data/tfds
 
 Then train with --config.input.dataset=tfds:karpathy/flickr30k --config.input.data_dir=/data/tfds.
+
+img2dataset output at any size is indexed where it lies (ncjax.data.web: ROOT/_ncjax_index/, 4 bytes per pair;
+each shard read once, in parallel over the cores, and over hosts with --num_hosts/--host_index, then --merge once):
+  python -m ncjax.data.build --dataset=web --manual_dir=/data/laion400m [--workers=N] [--clean_column=clean]
+      [--num_hosts=H --host_index=h] [--merge] [--index_dir=DIR]
+and trained with --config=configs/clip.py:data=web:/data/laion400m (ncjax.data.web_pipeline).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ def main(argv=None) -> int:
       f"{n}/{{{','.join(c.name for c in getattr(b, 'BUILDER_CONFIGS', []) or [])}}}" if getattr(
           b, "BUILDER_CONFIGS", None) else n for n, b in tfds_builders.BUILDERS.items()))
   p.add_argument("--manual_dir", default=None, help="your files")
-  p.add_argument("--data_dir", required=True, help="where the built dataset goes")
+  p.add_argument("--data_dir", default=None, help="where the built dataset goes (not for --dataset=web)")
   p.add_argument("--table", default=None, help="custom_table: CSV/TSV file name inside manual_dir")
   p.add_argument("--separator", default=None, help="custom_table: column separator (default tab)")
   p.add_argument("--image_column", default=None)
@@ -40,7 +46,17 @@ def main(argv=None) -> int:
   p.add_argument("--holdout", type=float, default=None,
                  help="put this fraction of the images (with all their rows) in a 'test' split")
   p.add_argument("--split_column", default=None, help="custom_table: an explicit split name per row")
+  p.add_argument("--workers", type=int, default=0, help="web: scanning processes (0: one per usable core)")
+  p.add_argument("--num_hosts", type=int, default=1, help="web: hosts sharing the build (shards h::num_hosts)")
+  p.add_argument("--host_index", type=int, default=0, help="web: this host's index among --num_hosts")
+  p.add_argument("--merge", action="store_true", help="web: join every host's parts into the index (once, at the "
+                 "end; implied with one host)")
+  p.add_argument("--index_dir", default="", help="web: where the index goes (default MANUAL_DIR/_ncjax_index)")
   args = p.parse_args(argv)
+  if args.dataset == "web":
+    return build_web(args)
+  if not args.data_dir:
+    p.error("--data_dir is required (where the built dataset goes)")
   name, _, config = args.dataset.partition("/")
   class_names = None
   if args.class_names:
@@ -61,6 +77,40 @@ def main(argv=None) -> int:
     print(f"{builder.name}/{builder.builder_config.name if builder.builder_config else ''} {split}: "
           f"{info.num_examples} records")
   print(f"built under {builder.data_dir}")
+  return 0
+
+
+def build_web(args) -> int:
+  import time
+  from ncjax.data import web
+  if not args.manual_dir:
+    print("error: --dataset=web needs --manual_dir=ROOT (img2dataset's output)", file=sys.stderr)
+    return 2
+  t0 = time.perf_counter()
+  try:
+    if args.merge and args.num_hosts > 1:
+      manifest = web.merge_index(args.manual_dir, args.index_dir or web.fileio.join(args.manual_dir,
+                                                                                    web.INDEX_DIRNAME),
+                                 clean_key=args.clean_column or "")
+    else:
+      manifest = web.build_index(args.manual_dir, index_dir=args.index_dir, workers=args.workers,
+                                 num_hosts=args.num_hosts, host_index=args.host_index,
+                                 clean_key=args.clean_column or "", merge=True if args.merge else None,
+                                 progress=lambda done, total: print(f"\r{done}/{total} shards", end="",
+                                                                    file=sys.stderr, flush=True))
+  except readers.DataFormatError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  dt = time.perf_counter() - t0
+  print(file=sys.stderr)
+  if manifest is None:
+    print(f"host {args.host_index} of {args.num_hosts}: its shards are indexed ({dt:.1f} s); run --merge once "
+          f"every host is done")
+    return 0
+  print(f"web index of {args.manual_dir}: {manifest['num_examples']} pairs in {len(manifest['shards'])} shards, "
+        f"{len(manifest['bad_shards'])} damaged ({dt:.1f} s)")
+  for shard, why in list(manifest["bad_shards"].items())[:10]:
+    print(f"  {shard}: {why}")
   return 0
 
 

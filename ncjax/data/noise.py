@@ -14,6 +14,7 @@ the trainer applies inside the jitted step, keyed by the step so resume reproduc
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from typing import Callable
 
@@ -190,3 +191,80 @@ def batch_transform_from_config(noise_config) -> BatchTransform | None:
     return InBatchResample(float(noise_config.ratio), int(noise_config.seed),
                            bool(noise_config.get("per_device", False)))
   return None
+
+
+@dataclasses.dataclass(frozen=True)
+class PermutedNoise:
+  """NCR's caption-level protocol without an N-long index (web-scale data, ncjax.data.web_pipeline): the noisy
+  captions are those whose position under an on-demand permutation P of [0, n) (ncjax.data.permutation) is below
+  m = floor(ratio * n), and they exchange their images among themselves through a second permutation Q of [0, m):
+  caption i with P(i) = r < m takes the image of pair P^-1(Q(r)) — the same distribution as `make_noisy_index`
+  (a uniformly random subset of floor(ratio * n) captions, its images permuted uniformly, a few keeping their own)
+  in O(1) memory. derangement=True follows a single cycle of Q instead (every chosen caption changes image).
+  Image-level noise (DECL) is the same protocol on data with one caption per image (web data)."""
+  n: int
+  ratio: float
+  seed: int
+  derangement: bool = False
+
+  TAG = 0x6E6F6973   # 'nois'
+
+  def __post_init__(self):
+    if not 0.0 <= self.ratio <= 1.0:
+      raise ValueError(f"noise ratio must be in [0, 1], got {self.ratio}")
+
+  @property
+  def num_noisy(self) -> int:
+    return int(np.floor(self.ratio * self.n))
+
+  @functools.cached_property
+  def _perms(self):
+    from ncjax.data.permutation import Permutation
+    m = self.num_noisy
+    return Permutation(self.n, self.seed, self.TAG), (Permutation(m, self.seed, self.TAG, 1) if m else None)
+
+  def image_of(self, ids) -> np.ndarray:
+    """The pair whose image caption `ids` is shown with."""
+    ids = np.asarray(ids, np.int64)
+    p, q = self._perms
+    out = ids.copy()
+    if q is None:
+      return out
+    rank = np.asarray(p(ids), np.int64).reshape(ids.shape)
+    noisy = rank < q.n
+    if noisy.any():
+      r = rank[noisy]
+      target = q((q.inverse(r) + 1) % q.n) if self.derangement else q(r)
+      out[noisy] = p.inverse(np.asarray(target, np.int64))
+    return out
+
+  def clean(self, ids) -> np.ndarray:
+    return self.image_of(ids) == np.asarray(ids, np.int64)
+
+  @property
+  def sha256(self) -> str:
+    """What the noise is (no index to hash): the protocol, its parameters and the permutation's version."""
+    from ncjax.data.permutation import ROUNDS
+    spec = f"permuted-caption-noise:v1:rounds={ROUNDS}:n={self.n}:ratio={self.ratio!r}:seed={self.seed}:" \
+           f"derangement={bool(self.derangement)}"
+    return hashlib.sha256(spec.encode()).hexdigest()
+
+  @property
+  def spec(self) -> dict:
+    return dict(level="caption", protocol="permuted", ratio=self.ratio, seed=self.seed,
+                derangement=self.derangement, n_captions=self.n)
+
+
+def permuted_noise_from_config(noise_config, n: int) -> PermutedNoise | None:
+  """`config.noise` over web-scale data of n pairs: caption_shuffle / image_shuffle as `PermutedNoise`; None for no
+  noise or in-batch resampling; a noise file (an N-long index) is refused."""
+  kind = noise_config.kind
+  if kind not in NOISE_KINDS:
+    raise ValueError(f"unknown noise.kind {kind!r}; expected one of {NOISE_KINDS}")
+  if kind == "file":
+    raise ValueError("noise.kind='file' (an N-long .npy index) is not read for web-scale data; use "
+                     "noise.kind='caption_shuffle' (computed on demand) or 'in_batch_resample'")
+  if kind in ("none", "in_batch_resample"):
+    noise_from_config(noise_config, np.zeros(0, np.int64))   # the same argument checks
+    return None
+  return PermutedNoise(int(n), float(noise_config.ratio), int(noise_config.seed), bool(noise_config.derangement))
