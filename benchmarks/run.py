@@ -28,6 +28,8 @@ def main(argv=None):
             "tokenizer": tokenizer.run, "ncu": ncu.run,
             "steps": steps.run, "gsc_bayes": gsc_bayes.run, "scale": scale.run,
             "region": region.run, "gradcache": gradcache.run}
+  from benchmarks import web_data
+  suites["web_data"] = web_data.run   # synthetic img2dataset output of 1M and 10M pairs (--quick: 100k and 1M)
   for name in args.suites.split(","):
     if name not in suites:
       raise SystemExit(f"unknown suite {name!r}; suites: {sorted(suites)}")

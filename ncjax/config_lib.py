@@ -145,10 +145,10 @@ def base_config() -> ml_collections.ConfigDict:
       # sizes); resample: streamed shards drawn with replacement; window shards read interleaved through a shuffle
       # buffer of `buffer` pairs; mix_block: positions per mixture block; caption_key / clean_key of the .json;
       # cache_dir: a local copy of a gs:// index; a word vocabulary counts at most vocab_captions captions and
-      # keeps at most max_vocab words.
+      # keeps at most max_vocab words; decoder: 'pil' or 'simplejpeg' (JPEGs; pip install 'ncjax[web]').
       web=ml_collections.ConfigDict(dict(mode="auto", weights="", resample=False, window=8, buffer=2048,
                                          mix_block=1000, caption_key="caption", clean_key="", cache_dir="",
-                                         vocab_captions=200_000, max_vocab=65_536)),
+                                         vocab_captions=200_000, max_vocab=65_536, decoder="pil")),
   ))
 
   # Noise applied to the training pairs; the ground-truth clean flag is kept for diagnostics only.

@@ -58,6 +58,7 @@ log = logging.getLogger("ncjax")
 
 PREFIX = "web:"
 MODES = ("auto", "index", "stream")
+DECODERS = ("pil", "simplejpeg")
 
 
 def is_web(dataset: str) -> bool:
@@ -100,7 +101,7 @@ def parse_weights(weights, n: int, sizes) -> tuple[float, ...]:
 def web_settings(input_config) -> dict:
   """input.web with its defaults (a config without the section reads as all defaults)."""
   out = dict(mode="auto", weights="", resample=False, window=8, buffer=2048, mix_block=1000, caption_key="caption",
-             clean_key="", cache_dir="", vocab_captions=200_000, max_vocab=65_536)
+             clean_key="", cache_dir="", vocab_captions=200_000, max_vocab=65_536, decoder="pil")
   given = input_config.get("web", None)
   if given is not None:
     unknown = set(given.keys()) - set(out)
@@ -109,6 +110,8 @@ def web_settings(input_config) -> dict:
     out.update({k: given[k] for k in given.keys()})
   if out["mode"] not in MODES:
     raise ValueError(f"input.web.mode must be one of {MODES}, got {out['mode']!r}")
+  if out["decoder"] not in DECODERS:
+    raise ValueError(f"input.web.decoder must be one of {DECODERS}, got {out['decoder']!r}")
   return out
 
 
@@ -161,10 +164,19 @@ def web_tokenizer(kind: str, context_length: int, input_config, datasets, saved:
 # ---------------------------------------------------------------------------------------------------------------
 # per-example work: decode, crop, normalise, tokenise
 # ---------------------------------------------------------------------------------------------------------------
-def decode_train(data: bytes, size: int, rng: np.random.Generator, normalization: str, scale) -> np.ndarray:
+def decode_train(data: bytes, size: int, rng: np.random.Generator, normalization: str, scale,
+                 decoder: str = "pil") -> np.ndarray:
   """JPEG/PNG bytes -> the random resized crop at size x size, normalised (train_transform without the array round
-  trip; PIL's draft mode lets the JPEG decoder scale down by 2/4/8 when the crop allows)."""
+  trip; PIL's draft mode lets the JPEG decoder scale down by 2/4/8 when the crop allows). decoder='simplejpeg'
+  decodes JPEGs with simplejpeg (pip install ncjax[web]; about 4x PIL's JPEG decode here, benchmarks/web_data.py):
+  its pixels may differ from PIL's by a level, so a run keeps one decoder."""
   from PIL import Image
+  if decoder == "simplejpeg" and data[:2] == b"\xff\xd8":
+    import simplejpeg
+    px = simplejpeg.decode_jpeg(data, colorspace="RGB")
+    left, top, cw, ch = preprocess.random_resized_crop_box(rng, px.shape[1], px.shape[0], scale)
+    img = Image.fromarray(px).resize((size, size), Image.BICUBIC, box=(left, top, left + cw, top + ch))
+    return preprocess.normalize(np.asarray(img), normalization)
   with Image.open(io.BytesIO(data)) as im:
     w, h = im.size
     left, top, cw, ch = preprocess.random_resized_crop_box(rng, w, h, scale)
@@ -227,7 +239,7 @@ class WebTrainData:
                mode: str = "auto", weights=(), resample: bool = False, window: int = 8, buffer: int = 2048,
                mix_block: int = 1000, noise: PermutedNoise | None = None, image_size: int = 224,
                normalization: str = "openai", augment: bool = True, crop_scale=(0.9, 1.0),
-               on_bad_record: str = "skip", num_threads: int = 8, prefetch: int = 4,
+               on_bad_record: str = "skip", num_threads: int = 8, prefetch: int = 4, decoder: str = "pil",
                process_index: int | None = None, process_count: int | None = None):
     self.process_index = jax.process_index() if process_index is None else int(process_index)
     self.process_count = jax.process_count() if process_count is None else int(process_count)
@@ -268,6 +280,14 @@ class WebTrainData:
     self.image_size, self.normalization = int(image_size), normalization
     self.augment, self.crop_scale, self.on_bad_record = augment, tuple(crop_scale), on_bad_record
     self.num_threads, self.prefetch = max(1, int(num_threads)), max(1, int(prefetch))
+    if decoder not in DECODERS:
+      raise ValueError(f"input.web.decoder must be one of {DECODERS}, got {decoder!r}")
+    if decoder == "simplejpeg":
+      try:
+        import simplejpeg  # noqa: F401
+      except ImportError as e:
+        raise ValueError("input.web.decoder='simplejpeg' needs simplejpeg: pip install 'ncjax[web]'") from e
+    self.decoder = decoder
     self.sharding = None if mesh is None else NamedSharding(mesh, P(batch_axes(mesh)))
     if mode == "index":
       self.perms = [mix_lib.EpochPermutations(n, self.seed, d) for d, n in enumerate(self.sizes)]
@@ -372,7 +392,8 @@ class WebTrainData:
     own = self.datasets[d].own_clean(sample)
     rng = streams.crop_rng(*rng_seed)
     if self.augment:
-      image = decode_train(image_sample.image, self.image_size, rng, self.normalization, self.crop_scale)
+      image = decode_train(image_sample.image, self.image_size, rng, self.normalization, self.crop_scale,
+                           self.decoder)
     else:
       image = decode_eval(image_sample.image, self.image_size, self.normalization)
     return dict(image=image, tokens=self.tokenizer.encode([caption])[0], id=np.int32(gid),
@@ -499,5 +520,5 @@ def train_data_from_config(input_config, noise_config, *, image_size: int, token
                       buffer=s["buffer"], mix_block=s["mix_block"], noise=noise, image_size=image_size,
                       normalization=input_config.normalization, augment=input_config.augment,
                       crop_scale=input_config.crop_scale, on_bad_record=input_config.on_bad_record,
-                      num_threads=input_config.num_threads, prefetch=input_config.prefetch)
+                      num_threads=input_config.num_threads, prefetch=input_config.prefetch, decoder=s["decoder"])
   return data, tokenizer

@@ -307,3 +307,14 @@ def test_a_word_vocabulary_over_web_data_is_capped(web20k):
   assert tok.vocab_size == 60
   assert web_pipeline.parse_roots("web:gs://b/x::/local/y") == ["gs://b/x", "/local/y"]
   assert web_pipeline.parse_weights("1::2.5", 2, (10, 20)) == (1.0, 2.5)
+
+
+def test_the_simplejpeg_decoder_crops_as_pil_does():
+  simplejpeg = pytest.importorskip("simplejpeg")
+  assert simplejpeg
+  from ncjax.data import streams
+  jpeg = web_synthetic.jpeg_pool(1, 64, seed=3)[0]
+  a = web_pipeline.decode_train(jpeg, 32, streams.crop_rng(0, 1, 2), "openai", (0.5, 1.0))
+  b = web_pipeline.decode_train(jpeg, 32, streams.crop_rng(0, 1, 2), "openai", (0.5, 1.0), "simplejpeg")
+  assert a.shape == b.shape == (32, 32, 3)
+  assert np.abs(a - b).mean() < 0.02        # the same crop; the decoders' pixels differ by a level at most here
