@@ -51,32 +51,76 @@ def throughput(view, n: int, batch: int, devices: int) -> tuple[float, np.ndarra
   return time.perf_counter() - t, np.concatenate(sums)
 
 
-def run(quick: bool = False, n: int | None = None) -> dict:
+def _old_serial_view(split, size: int):
+  """The evaluation input before `input.eval_workers`: one image at a time, decoded to an array
+  (`readers.decode_image`), then the evaluation transform — the loop ncjax/data/sources.py ran until 2026-11-23."""
+  from ncjax.data import preprocess, readers
+
+  class OldView:
+    def __getitem__(self, ids):
+      return np.stack([preprocess.eval_transform(readers.decode_image(split.images.raw(int(i))), size, "openai",
+                                                 "shortest") for i in ids])
+
+    def close(self):
+      pass
+  return OldView()
+
+
+def run(quick: bool = False, n: int | None = None, rounds: int = 5) -> dict:
+  """Every mode reads the same n images; the images are cut into `rounds` parts and the modes take turns on each
+  part (serial, threads, processes, serial, ...), so that a change in the machine's other load during the run
+  falls on every mode alike."""
   from ncjax.data import classification, sources
   n = n or (1000 if quick else 10_000)
   root = write_folder(os.path.join(common.RESULTS_DIR, f"eval_input_images_{n}"), n)
   split = classification.load_image_folder(root, "val")
   cores = sources.usable_cores()
   batch, devices = 512, 8
-  rows, reference = [], None
-  modes = [("serial (before)", 0, "thread"), ("threads", cores, "thread"), ("processes", cores, "process")]
+  modes = [("serial, before (decode_image + eval_transform)", 0, "old"),
+           ("serial (input.eval_workers=0)", 0, "thread"),
+           (f"threads (eval_workers={cores})", cores, "thread"),
+           (f"processes (eval_workers={cores}, eval_decode=process)", cores, "process")]
+  views = {}
   for label, workers, decode in modes:
-    view = sources.TransformedImages(split.images, 224, "openai", "shortest", workers=workers, decode=decode)
+    views[label] = (_old_serial_view(split, 224) if decode == "old" else
+                    sources.TransformedImages(split.images, 224, "openai", "shortest", workers=workers,
+                                              decode=decode))
     if workers > 1 and decode == "process":
-      view[np.arange(min(2 * cores, n))]    # start the workers (spawned interpreters) outside the timing
-    seconds, checksum = throughput(view, n, batch, devices)
-    view.close()
-    if reference is None:
-      reference = checksum
-    np.testing.assert_array_equal(checksum, reference)   # the same arrays as the serial loop
-    rows.append(dict(mode=label, workers=max(workers, 1), images=n, seconds=seconds, images_per_sec=n / seconds))
+      views[label][np.arange(min(2 * cores, n))]    # start the workers (spawned interpreters) outside the timing
+  seconds = {label: 0.0 for label, _, _ in modes}
+  checks = {label: [] for label, _, _ in modes}
+  load = []
+  edges = np.linspace(0, n, rounds + 1).astype(int)
+  for r in range(rounds):
+    for label, _, _ in modes:
+      view = views[label]
+      load.append(os.getloadavg()[0])
+      sec, checksum = throughput(_Offset(view, edges[r]), edges[r + 1] - edges[r], batch, devices)
+      seconds[label] += sec
+      checks[label].append(checksum)
+  for label, _, _ in modes:
+    views[label].close()
+    np.testing.assert_array_equal(np.concatenate(checks[label]), np.concatenate(checks[modes[0][0]]))
+  rows = [dict(mode=label, workers=max(workers, 1), images=n, seconds=seconds[label],
+               images_per_sec=n / seconds[label]) for label, workers, _ in modes]
   for r in rows:
     r["speedup"] = r["images_per_sec"] / rows[0]["images_per_sec"]
   payload = dict(rows=rows, cores=cores, image_size=224, source="500x375 JPEG, ImageFolder", batch=batch,
-                 devices=devices)
+                 devices=devices, rounds=rounds, load_average_1min=dict(min=min(load), max=max(load)))
   common.write("eval_input", payload)
   common.report(f"Evaluation input: {n:,} JPEGs (500x375) -> 224 px, batches of {batch} read per device "
-                f"({devices} devices), {cores} usable cores",
+                f"({devices} devices), {cores} usable cores; 1-min load average during the run "
+                f"{min(load):.1f}-{max(load):.1f}",
                 rows, [("mode", "mode", "s"), ("workers", "workers", "d"), ("seconds", "s", ".1f"),
-                       ("images_per_sec", "images/s", ",.0f"), ("speedup", "x serial", ".2f")])
+                       ("images_per_sec", "images/s", ",.0f"), ("speedup", "x before", ".2f")])
   return payload
+
+
+class _Offset:
+  """Rows [start, ...) of a view, indexed from 0."""
+
+  def __init__(self, view, start: int):
+    self.view, self.start = view, int(start)
+
+  def __getitem__(self, ids):
+    return self.view[np.asarray(ids) + self.start]

@@ -21,8 +21,8 @@ def main(argv=None):
   runtime.configure_cpu_devices(int(os.environ.get("NCJAX_BENCH_CPU_DEVICES", "8")))
   import absl.logging
   absl.logging.set_verbosity(absl.logging.WARNING)
-  from benchmarks import (checkpoint, common, data, eval_input, foundation, gsc_bayes, ncu, region, scale, steps,
-                          tokenizer)
+  from benchmarks import (checkpoint, common, data, eval_input, foundation, gradcache, gsc_bayes, ncu, region, scale,
+                          steps, tokenizer)
   suites = {"foundation": foundation.run, "data": data.run, "eval_input": eval_input.run,
             "checkpoint": checkpoint.run,
             "tokenizer": tokenizer.run, "ncu": ncu.run,
