@@ -8,6 +8,7 @@ import os
 import struct
 
 import pytest
+import wandb   # noqa: F401  (a test dependency: a missing wandb fails this file, it is not skipped)
 
 from helpers import tiny_clip_config
 from ncjax import logging_utils, train
@@ -40,7 +41,6 @@ def wandb_records(path: str) -> list:
 
 
 def test_wandb_run_continues_on_resume_and_the_profile_holds_the_chosen_steps(tmp_path):
-  pytest.importorskip("wandb")
   cfg = tiny_clip_config(total_steps=4, **{"log.wandb": True, "log.wandb_mode": "offline", "log.every_steps": 1,
                                            "log.profile_steps": "3:4", "log.wandb_project": "ncjax-test"})
   workdir = str(tmp_path / "run")
