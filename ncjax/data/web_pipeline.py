@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import functools
 import io
 import logging
 import queue
@@ -164,6 +165,19 @@ def web_tokenizer(kind: str, context_length: int, input_config, datasets, saved:
 # ---------------------------------------------------------------------------------------------------------------
 # per-example work: decode, crop, normalise, tokenise
 # ---------------------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=8)
+def _normalization_table(normalization: str) -> np.ndarray:
+  """(3, 256) float32: preprocess.normalize of every uint8 value per channel (the same float32 arithmetic)."""
+  return np.ascontiguousarray(preprocess.normalize(np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, 1),
+                                                   normalization).T)
+
+
+def normalize(pixels: np.ndarray, normalization: str) -> np.ndarray:
+  """preprocess.normalize, bitwise, as one table look-up per channel (about twice as fast at 224 px)."""
+  table = _normalization_table(normalization)
+  return np.stack([np.take(table[k], pixels[..., k]) for k in range(3)], axis=-1)
+
+
 def decode_train(data: bytes, size: int, rng: np.random.Generator, normalization: str, scale,
                  decoder: str = "pil") -> np.ndarray:
   """JPEG/PNG bytes -> the random resized crop at size x size, normalised (train_transform without the array round
@@ -176,7 +190,7 @@ def decode_train(data: bytes, size: int, rng: np.random.Generator, normalization
     px = simplejpeg.decode_jpeg(data, colorspace="RGB")
     left, top, cw, ch = preprocess.random_resized_crop_box(rng, px.shape[1], px.shape[0], scale)
     img = Image.fromarray(px).resize((size, size), Image.BICUBIC, box=(left, top, left + cw, top + ch))
-    return preprocess.normalize(np.asarray(img), normalization)
+    return normalize(np.asarray(img), normalization)
   with Image.open(io.BytesIO(data)) as im:
     w, h = im.size
     left, top, cw, ch = preprocess.random_resized_crop_box(rng, w, h, scale)
@@ -187,7 +201,7 @@ def decode_train(data: bytes, size: int, rng: np.random.Generator, normalization
       left, top, cw, ch = left * sx, top * sy, cw * sx, ch * sy
     img = im.convert("RGB")
     img = img.resize((size, size), Image.BICUBIC, box=(left, top, left + cw, top + ch))
-  return preprocess.normalize(np.asarray(img), normalization)
+  return normalize(np.asarray(img), normalization)
 
 
 def decode_eval(data: bytes, size: int, normalization: str) -> np.ndarray:

@@ -318,3 +318,12 @@ def test_the_simplejpeg_decoder_crops_as_pil_does():
   b = web_pipeline.decode_train(jpeg, 32, streams.crop_rng(0, 1, 2), "openai", (0.5, 1.0), "simplejpeg")
   assert a.shape == b.shape == (32, 32, 3)
   assert np.abs(a - b).mean() < 0.02        # the same crop; the decoders' pixels differ by a level at most here
+
+
+def test_the_table_normalisation_is_bitwise_the_small_data_paths():
+  from ncjax.data import preprocess
+  px = np.random.default_rng(0).integers(0, 256, (9, 7, 3)).astype(np.uint8)
+  for name in ("openai", "imagenet", "siglip"):
+    out = web_pipeline.normalize(px, name)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, preprocess.normalize(px, name))
