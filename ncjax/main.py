@@ -151,6 +151,9 @@ def _init_jax():
   _quiet_logging()
   if _CPU_DEVICES.value:
     runtime.configure_cpu_devices(_CPU_DEVICES.value)
+  # The trainer agrees on preemptions itself (ncjax.train.PreemptionWatch): jax's service would catch SIGTERM first
+  # and its sync barrier can deadlock at the end of a run.
+  jax.config.update("jax_enable_preemption_service", False)
   timeouts = dict(heartbeat_timeout_seconds=_HEARTBEAT_TIMEOUT.value,
                   shutdown_timeout_seconds=_SHUTDOWN_TIMEOUT.value)
   if _NUM_PROCESSES.value > 1:

@@ -55,20 +55,21 @@ class Preempted(Exception):
 class PreemptionWatch:
   """Whether a preemption was asked for, agreed by every process at the same step.
 
-  Under `jax.distributed` jax's preemption service catches SIGTERM in any process and
-  `multihost_utils.reached_preemption_sync_point(step)` turns True on every process at the same later step (it must
-  be called at every step, by every process). A single process has no such service: a SIGTERM handler sets a flag.
-  SIGUSR1 (what some schedulers send ahead of a time limit) is turned into a SIGTERM to this process."""
+  Every process catches SIGTERM itself (a flag set by a handler); at the end of every step the processes agree with
+  one all-gather of their flags (any flag set: all stop at this step, save and exit), so the decision is a collective
+  every process makes the same number of times. jax's own preemption service (turned off in ncjax.main) agrees on a
+  sync step through a barrier instead, and deadlocked when the notice reached one process after its last sync call:
+  that process went on to the final evaluation's collectives while the other waited in the barrier (a 2-process
+  chaos trial, 2026-11-23). A SIGTERM after the last step is left alone: the run ends normally, its final
+  checkpoint written. SIGUSR1 (what some schedulers send ahead of a time limit) is turned into a SIGTERM."""
 
   def __init__(self):
-    from jax._src import distributed
-    self.synced = jax.process_count() > 1 and distributed.global_state.preemption_sync_manager is not None
+    self.multi = jax.process_count() > 1
     self._flag = threading.Event()
     self._previous = {}
     if threading.current_thread() is not threading.main_thread():
       return   # signal handlers can only be installed from the main thread (a trainer run in a thread: no watch)
-    if not self.synced:
-      self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_term)
+    self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_term)
     self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_usr1)
 
   def _on_term(self, signum, frame):
@@ -83,9 +84,11 @@ class PreemptionWatch:
     os.kill(os.getpid(), signal.SIGTERM)
 
   def reached(self, step: int) -> bool:
-    if self.synced:
+    del step   # every process calls this once per step: the all-gathers pair up by their order
+    if self.multi:
       from jax.experimental import multihost_utils
-      return bool(multihost_utils.reached_preemption_sync_point(step))
+      flags = multihost_utils.process_allgather(np.asarray(self._flag.is_set(), np.int32))
+      return bool(np.max(flags))
     return self._flag.is_set()
 
   def close(self):

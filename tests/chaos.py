@@ -9,6 +9,9 @@ restarting in the same workdir each time, then lets the last start finish. The f
                                    directory exists (mid-save), or just after a given step's metrics line appears;
   sigterm                          SIGTERM to one process (a preemption): every process must stop at the same
                                    step, save it and exit with status 75 (ncjax.train.PREEMPTED_EXIT_STATUS);
+  sigterm_late                     (several processes) the same as the last steps run, when one process may be past
+                                   its last check: the run must still end (75 or 0 with its final checkpoint),
+                                   never hang (jax's preemption barrier deadlocked here);
   sigkill_one                      (several processes) SIGKILL of one process: the others must stop on their own
                                    within the heartbeat timeout (never hang), with jax's message that a task
                                    died (LOST_MESSAGES).
@@ -77,7 +80,7 @@ SCENARIOS = {
 }
 # The faults a trial of each kind of scenario draws from (every trial starts with the first).
 FAULTS = {1: ("mid_save", "random", "after_step", "sigterm"),
-          2: ("sigkill_one", "sigterm", "mid_save", "random", "after_step")}
+          2: ("sigkill_one", "sigterm", "sigterm_late", "mid_save", "random", "after_step")}
 
 # Metrics that legitimately differ between an interrupted and an uninterrupted run.
 _WALL_CLOCK_KEYS = ("time", "examples_per_sec")
@@ -156,6 +159,8 @@ def kill_once(scenario: str, workdir: str, how: str, rng: random.Random, budget_
   stale = frozenset(n for n in _listdir(os.path.join(workdir, "checkpoints")) if _TMP_MARKER in n)
   start_step = _last_step_logged(workdir)
   target_step = rng.randint(start_step + 1, total_steps - 1) if start_step + 1 < total_steps else total_steps
+  if how == "sigterm_late":   # the notice as the last steps run: one process may already be past its last check
+    target_step = max(start_step + 1, total_steps - 1)
   deadline = t0 + rng.uniform(0.2, 1.0) * budget_s
   moment = "random" if how in ("random",) else "mid_save" if how == "mid_save" else "after_step"
   while all(p.poll() is None for p in procs):

@@ -5,6 +5,8 @@ equal to uninterrupted ones."""
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import chaos  # noqa: E402  (tests/chaos.py)
@@ -20,3 +22,17 @@ def test_sigkilled_and_preempted_runs_resume_bitwise(tmp_path):
   kills = [k for t in trials for k in t.kills]
   assert [k.how for k in kills] == ["mid_save", "sigterm"], f"a run finished before its fault:\n{report}"
   assert kills[1].exits == [chaos.PREEMPTED], report
+
+
+@pytest.mark.slow
+def test_two_processes_preempted_anywhere_stop_together_and_resume_bitwise(tmp_path):
+  """SIGTERM to one of two processes mid-run and again as the last steps run (where jax's preemption barrier
+  deadlocked, one process past its last sync call): both stop at the same step (75) or finish (0), never hang,
+  and the resumed run ends bitwise equal to the uninterrupted one."""
+  lines = []
+  trials = chaos.run_trials(trials=1, kills=2, seed=3, root=str(tmp_path), log=lines.append,
+                            scenarios=("gsc_2proc",), faults={"gsc_2proc": ["sigterm", "sigterm_late"]})
+  report = "\n".join(lines)
+  assert all(t.ok for t in trials), report
+  kills = [k for t in trials for k in t.kills]
+  assert kills and kills[0].exits == [chaos.PREEMPTED, chaos.PREEMPTED], report
