@@ -103,7 +103,10 @@ def base_config() -> ml_collections.ConfigDict:
 
   # A named `size` ('tiny', 'small', 'ViT-B/16', ..., or 'custom') and explicit per-field overrides; an imported
   # checkpoint (`method.init_from=openai:PATH`, ...) sets every architecture field and records itself in
-  # `pretrained`. `tokenizer`: 'auto' (CLIP's BPE for the CLIP-sized vocabularies, word otherwise), 'word', 'clip_bpe'.
+  # `pretrained`. `tokenizer`: 'auto' (CLIP's BPE for the CLIP-sized vocabularies, word otherwise), 'word', 'clip_bpe',
+  # 'sentencepiece:PATH' (big_vision's SigLIP tokenisation). big_vision's towers (`big_vision:PATH` sets them):
+  # text_causal=False (bidirectional text attention), posemb='sincos2d' (a fixed image position embedding instead of
+  # the learned one), proj_bias=True (biases on both projections), text_pool='final' / 'first' / 'gap' / 'map'.
   c.model = ml_collections.ConfigDict(dict(
       size="tiny", image_type="vit", text_type="transformer",
       image_size=config_dict.placeholder(int), patch_size=config_dict.placeholder(int),
@@ -115,6 +118,7 @@ def base_config() -> ml_collections.ConfigDict:
       text_heads=config_dict.placeholder(int), text_mlp_dim=config_dict.placeholder(int),
       vocab_size=config_dict.placeholder(int),
       pool="tok", ln_pre=True, patch_bias=False, ln_eps=1e-5, act="quick_gelu", text_pool="eot",
+      text_causal=True, posemb="learn", proj_bias=False,
       tokenizer="auto", pretrained="",
       dtype="float32", remat=False,
       geometry="sphere", curv_init=1.0,

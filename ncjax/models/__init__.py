@@ -90,9 +90,9 @@ class ModelSpec:
   builders read. Layers below the experiment take this object, never the raw config.
 
   kind: 'two_tower' (image and text towers over a geometry) or 'region' (SGRAF's region-feature retrieval model,
-  `image_type='regions'`). tokenizer_kind: 'clip_bpe' or 'word' (`model.tokenizer='auto'`: CLIP's BPE when the
-  size fixes CLIP's vocabulary). image_size / context_length: what the data pipeline resizes to and the tokenizer
-  pads to."""
+  `image_type='regions'`). tokenizer_kind: 'clip_bpe', 'word' or 'sentencepiece:PATH' (big_vision's SigLIP
+  tokenisation; `model.tokenizer='auto'`: CLIP's BPE when the size fixes CLIP's vocabulary). image_size /
+  context_length: what the data pipeline resizes to and the tokenizer pads to."""
   kind: str
   size: str
   towers: dict
@@ -107,6 +107,9 @@ class ModelSpec:
   ln_eps: float = 1e-5
   act: str = "quick_gelu"
   text_pool: str = "eot"
+  text_causal: bool = True     # False: bidirectional text attention (big_vision / SigLIP)
+  posemb: str = "learn"        # the image tower's position embedding: 'learn' or 'sincos2d' (fixed)
+  proj_bias: bool = False      # a bias on both towers' projections (big_vision's heads)
   dtype: str = "float32"
   remat: bool = False
   geometry: str = "sphere"
@@ -165,16 +168,34 @@ def build_two_tower(spec: ModelSpec, *, vocab_size: int | None, eot_id: int, pad
   embed_dim = towers["embed_dim"]
   image = IMAGE_TOWERS[spec.image_type](
       **towers["image"], embed_dim=embed_dim, pool=spec.pool, ln_pre=spec.ln_pre, act=spec.act, dtype=dtype,
-      remat=spec.remat, patch_bias=spec.patch_bias, ln_eps=spec.ln_eps, rngs=rngs)
+      remat=spec.remat, patch_bias=spec.patch_bias, ln_eps=spec.ln_eps, rngs=rngs,
+      **_non_default(spec, image_posemb="posemb", image_proj_bias="proj_bias"))
   text = TEXT_TOWERS[spec.text_type](
       **towers["text"], embed_dim=embed_dim, eot_id=eot_id, pad_id=pad_id, pool=spec.text_pool, act=spec.act,
-      dtype=dtype, remat=spec.remat, ln_eps=spec.ln_eps, rngs=rngs)
+      dtype=dtype, remat=spec.remat, ln_eps=spec.ln_eps, rngs=rngs,
+      **_non_default(spec, text_causal="causal", text_proj_bias="proj_bias"))
   geo_kwargs = dict(embed_dim=embed_dim)
   if spec.geometry == "lorentz":
     geo_kwargs["curv_init"] = spec.curv_init
   geometry = GEOMETRIES[spec.geometry](**geo_kwargs, rngs=rngs)
   return TwoTower(image, text, geometry, logit_scale_init=spec.logit_scale_init,
                   logit_bias_init=spec.logit_bias_init, micro_batches=micro_batches)
+
+
+_TOWER_OPTIONS = {"image_posemb": ("posemb", "learn"), "image_proj_bias": ("proj_bias", False),
+                  "text_causal": ("text_causal", True), "text_proj_bias": ("proj_bias", False)}
+
+
+def _non_default(spec: ModelSpec, **names) -> dict:
+  """The tower keyword arguments of options that differ from their defaults (so that registered towers which
+  predate them keep working with configs that leave them alone)."""
+  out = {}
+  for option, kwarg in names.items():
+    field, default = _TOWER_OPTIONS[option]
+    value = getattr(spec, field)
+    if value != default:
+      out[kwarg] = value
+  return out
 
 
 def with_vocabulary(spec: ModelSpec, vocab_size: int | None) -> dict:

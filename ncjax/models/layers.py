@@ -144,17 +144,23 @@ class Transformer(nnx.Module):
 
 
 class MAPHead(nnx.Module):
-  """Multihead attention pooling (a learned probe attends over the tokens), as SigLIP's 'map' pooling."""
+  """Multihead attention pooling, as big_vision's `MAPHead` (SigLIP's 'map' pooling): a learned probe attends over
+  the tokens (one query; q, k, v and output projections with biases; k and v fused here as `kv`, columns [k; v]),
+  then a residual MLP on the LayerNorm'd result: y + mlp(ln(y)). `mlp_dim`: the tower's MLP width (big_vision
+  passes the ViT's), 4 x width when None."""
 
-  def __init__(self, width: int, heads: int, *, act: str, dtype, rngs: nnx.Rngs):
+  def __init__(self, width: int, heads: int, *, act: str, dtype, rngs: nnx.Rngs, mlp_dim: int | None = None,
+               ln_eps: float = LAYER_NORM_EPS):
+    if width % heads:
+      raise ValueError(f"attention width {width} is not divisible by the number of heads {heads}")
     self.dtype = dtype
     self.heads = heads
     self.probe = nnx.Param(nnx.initializers.xavier_uniform()(rngs.params(), (1, 1, width), jnp.float32))
     self.q = dense(width, width, dtype=dtype, rngs=rngs)
     self.kv = dense(width, 2 * width, dtype=dtype, rngs=rngs)
     self.out = dense(width, width, dtype=dtype, rngs=rngs)
-    self.ln = layer_norm(width, rngs)
-    self.mlp = MlpBlock(width, 4 * width, act=act, dtype=dtype, rngs=rngs)
+    self.ln = layer_norm(width, rngs, ln_eps)
+    self.mlp = MlpBlock(width, 4 * width if mlp_dim is None else mlp_dim, act=act, dtype=dtype, rngs=rngs)
 
   def __call__(self, x):
     b, n, w = x.shape

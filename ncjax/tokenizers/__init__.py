@@ -3,6 +3,8 @@
   word      `WordTokenizer`, a vocabulary built from the training captions (the embedded data, region features)
   clip_bpe  `ClipBpeTokenizer`, CLIP's byte-level BPE (ids equal `open_clip.tokenize`), for CLIP-sized and
             imported pretrained models
+  sentencepiece:PATH  `SentencePieceTokenizer`, a SentencePiece model file tokenised as big_vision's SigLIP
+            (sticky EOS); `big_vision:PATH` imports select it
 
 Every tokenizer serialises to JSON (`to_json` / `tokenizer_from_json`) so it travels inside the checkpoint with the
 weights: a model is never evaluated with another vocabulary than the one it was trained with. `model.tokenizer`
@@ -17,6 +19,7 @@ import numpy as np
 
 from ncjax.registry import Registry
 from ncjax.tokenizers.clip_bpe import ClipBpeTokenizer
+from ncjax.tokenizers.sentencepiece import SentencePieceTokenizer
 from ncjax.tokenizers.word import WordTokenizer, split_words
 
 
@@ -36,6 +39,7 @@ class Tokenizer(Protocol):
 TOKENIZERS: Registry = Registry("tokenizer")
 TOKENIZERS.add("word", WordTokenizer)
 TOKENIZERS.add("clip_bpe", ClipBpeTokenizer)
+TOKENIZERS.add("sentencepiece", SentencePieceTokenizer)
 
 
 def get_tokenizer(kind: str = "clip_bpe", **kwargs):
@@ -49,6 +53,11 @@ def build_tokenizer(captions: Iterable[str], *, context_length: int, min_count: 
   """The tokenizer of a new run: a word vocabulary over the training captions, or a fixed vocabulary."""
   if kind == "word":
     return WordTokenizer.build(captions, context_length=context_length, min_count=min_count)
+  if kind.split(":", 1)[0] == "sentencepiece":
+    path = kind.partition(":")[2]
+    if not path:
+      raise ValueError("model.tokenizer='sentencepiece:PATH' needs the path of a SentencePiece .model file")
+    return SentencePieceTokenizer(context_length, path)
   return TOKENIZERS.get(kind)(context_length=context_length)
 
 
@@ -59,5 +68,5 @@ def tokenizer_from_json(spec: dict) -> Tokenizer:
   return TOKENIZERS[kind].from_json(spec)
 
 
-__all__ = ["Tokenizer", "WordTokenizer", "ClipBpeTokenizer", "TOKENIZERS", "get_tokenizer", "build_tokenizer",
+__all__ = ["Tokenizer", "WordTokenizer", "ClipBpeTokenizer", "SentencePieceTokenizer", "TOKENIZERS", "get_tokenizer", "build_tokenizer",
            "tokenizer_from_json", "split_words"]
