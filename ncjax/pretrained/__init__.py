@@ -14,6 +14,13 @@ Nothing is downloaded: a spec names a file or directory the user already has.
   meru:PATH                   a facebookresearch/meru checkpoint (.pth with 'model'): timm ViT + MERU's text
                               encoder; Lorentz geometry with its curvature and scaling alphas (or, for MERU's CLIP
                               baseline checkpoints, the sphere)
+  big_vision:PATH             a google-research/big_vision two-tower .npz (SigLIP): `params/img/...` (ViT with
+  big_vision:SIZE:PATH        patch bias, learned position embedding or fixed 'sincos2d' — then SIZE, the image
+                              resolution, is needed — 'map' (MAPHead_0), 'gap' or 'tok' pooling, a head with a
+                              bias), `params/txt/...` (text transformer without causal mask, pooled at the final
+                              position or by a MAP head), `params/t` (log temperature -> logit_scale) and `params/b`
+                              (-> logit_bias); unrolled (`encoderblock_N`) or scanned (`encoderblock`) blocks; the
+                              SentencePiece `.model` beside the file is its tokenizer
 
 `load(spec) -> (model_config, params)`: `model_config` holds the `config.model` fields of the architecture
 (`size='custom'`, widths, depths, heads, activation, ...) and `preprocess` (image size, mean/std, resize);
@@ -30,6 +37,7 @@ import functools
 import json
 import os
 import re
+import zipfile
 from typing import Callable
 
 import ml_collections
@@ -37,7 +45,7 @@ import numpy as np
 
 from ncjax.pretrained.weights_io import CheckpointFormatError, read_tensors, write_safetensors
 
-FORMATS = ("openai", "open_clip", "hf", "meru")
+FORMATS = ("openai", "open_clip", "hf", "meru", "big_vision")
 CLIP_EOT_ID, CLIP_SOT_ID = 49407, 49406
 
 # Vision head widths of open_clip architectures whose heads are not 64 wide (open_clip's model configs).
@@ -73,9 +81,9 @@ def parse_spec(spec: str) -> PretrainedSpec:
     raise ValueError(f"{spec!r} is not a pretrained-model spec; expected one of "
                      f"{', '.join(f + ':PATH' for f in FORMATS)} (or open_clip:NAME:PATH)")
   arch = None
-  if fmt == "open_clip":
+  if fmt in ("open_clip", "big_vision"):
     head, sep2, tail = rest.partition(":")
-    if sep2 and "/" not in head and not os.path.exists(rest):
+    if sep2 and "/" not in head and not os.path.exists(rest) and (fmt == "open_clip" or head.isdigit()):
       arch, rest = head, tail
   if not rest:
     raise ValueError(f"{spec!r}: no path after '{fmt}:'")
@@ -387,6 +395,218 @@ def _meru_config(sd) -> tuple[dict, dict]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# big_vision (SigLIP) two-tower .npz
+# ---------------------------------------------------------------------------------------------------------------
+def _bv_dense(src: str, dst: str) -> list[KeyMap]:
+  """A flax Dense (kernel (in, out) as ncjax's, bias)."""
+  return [_one(f"{src}/kernel", f"{dst}/kernel"), _one(f"{src}/bias", f"{dst}/bias")]
+
+
+def _bv_ln(src: str, dst: str) -> list[KeyMap]:
+  return [_one(f"{src}/scale", f"{dst}/scale"), _one(f"{src}/bias", f"{dst}/bias")]
+
+
+def _heads_flat(*parts):   # flax MultiHeadDotProductAttention's (in, heads, head_dim) kernels / (heads, head_dim) biases
+  return np.concatenate([p.reshape(p.shape[0], -1) if p.ndim == 3 else p.reshape(-1) for p in parts], axis=-1)
+
+
+def _heads_split(value, n: int, heads: int):
+  parts = np.split(value, n, axis=-1)
+  return tuple(p.reshape(p.shape[0], heads, -1) if p.ndim == 2 else p.reshape(heads, -1) for p in parts)
+
+
+def _bv_attention(src: str, dst: str, heads: int) -> list[KeyMap]:
+  """flax's separate query/key/value (in, heads, head_dim) <-> the fused qkv kernel (columns [q; k; v])."""
+  out = []
+  for leaf in ("kernel", "bias"):
+    out.append(KeyMap(tuple(f"{src}/{p}/{leaf}" for p in ("query", "key", "value")), f"{dst}/qkv/{leaf}",
+                      _heads_flat, functools.partial(_heads_split, n=3, heads=heads)))
+  return out + _bv_attention_out(f"{src}/out", f"{dst}/out", heads)
+
+
+def _bv_attention_out(src: str, dst: str, heads: int) -> list[KeyMap]:
+  """flax's attention output projection, kernel (heads, head_dim, out) <-> (width, out)."""
+  return [KeyMap((f"{src}/kernel",), f"{dst}/kernel", lambda x: x.reshape(-1, x.shape[-1]),
+                 lambda x, h=heads: (x.reshape(h, -1, x.shape[-1]),)),
+          _one(f"{src}/bias", f"{dst}/bias")]
+
+
+def _bv_block(src: str, dst: str, heads: int) -> list[KeyMap]:
+  return (_bv_ln(f"{src}/LayerNorm_0", f"{dst}/ln_1") + _bv_ln(f"{src}/LayerNorm_1", f"{dst}/ln_2")
+          + _bv_attention(f"{src}/MultiHeadDotProductAttention_0", f"{dst}/attn", heads)
+          + _bv_dense(f"{src}/MlpBlock_0/Dense_0", f"{dst}/mlp/fc") + _bv_dense(f"{src}/MlpBlock_0/Dense_1", f"{dst}/mlp/proj"))
+
+
+def _bv_map_head(src: str, dst: str, heads: int) -> list[KeyMap]:
+  att = f"{src}/MultiHeadDotProductAttention_0"
+  out = [_one(f"{src}/probe", f"{dst}/probe")]
+  out += [KeyMap((f"{att}/query/{leaf}",), f"{dst}/q/{leaf}", _heads_flat,
+                 functools.partial(_heads_split, n=1, heads=heads)) for leaf in ("kernel", "bias")]
+  out += [KeyMap((f"{att}/key/{leaf}", f"{att}/value/{leaf}"), f"{dst}/kv/{leaf}", _heads_flat,
+                 functools.partial(_heads_split, n=2, heads=heads)) for leaf in ("kernel", "bias")]
+  out += _bv_attention_out(f"{att}/out", f"{dst}/out", heads)
+  out += _bv_ln(f"{src}/LayerNorm_0", f"{dst}/ln")
+  out += _bv_dense(f"{src}/MlpBlock_0/Dense_0", f"{dst}/mlp/fc") + _bv_dense(f"{src}/MlpBlock_0/Dense_1", f"{dst}/mlp/proj")
+  return out
+
+
+def _squeeze_lead(x):
+  return x.reshape(x.shape[1:])
+
+
+def _add_lead(x):
+  return (x[None],)
+
+
+def _scalar(x):
+  return np.asarray(x, np.float32).reshape(())
+
+
+def _bv_tok_posemb(x):   # big_vision adds its posemb before the class token: the token's row is zero here
+  x = x.reshape(x.shape[-2:])
+  return np.concatenate([np.zeros((1, x.shape[-1]), x.dtype), x], axis=0)
+
+
+def big_vision_keys(fields: dict) -> list[KeyMap]:
+  """big_vision's two-tower layout (without the `params/` prefix) for the architecture `fields` describe."""
+  ih, th = fields["image_heads"], fields["text_heads"]
+  maps = [_one("img/embedding/kernel", "img/patch_embed/kernel"), _one("img/embedding/bias", "img/patch_embed/bias"),
+          _one("img/head/kernel", "img/proj"), _one("img/head/bias", "img/proj_bias"),
+          _one("txt/Embed_0/embedding", "txt/token_embedding/embedding"),
+          KeyMap(("txt/pos_embedding",), "txt/pos_embedding", _squeeze_lead, _add_lead),
+          _one("txt/head/kernel", "txt/proj"), _one("txt/head/bias", "txt/proj_bias"),
+          KeyMap(("t",), "logit_scale", _scalar, lambda x: (np.reshape(x, (1,)),))]
+  if fields["posemb"] == "learn":
+    if fields["pool"] == "tok":
+      maps.append(KeyMap(("img/pos_embedding",), "img/pos_embedding", _bv_tok_posemb, lambda x: (x[None, 1:],)))
+    else:
+      maps.append(KeyMap(("img/pos_embedding",), "img/pos_embedding", _squeeze_lead, _add_lead))
+  if fields["pool"] == "tok":
+    maps.append(KeyMap(("img/cls",), "img/cls_token", lambda x: x.reshape(-1), lambda x: (x.reshape(1, 1, -1),)))
+  if fields["pool"] == "map":
+    maps += _bv_map_head("img/MAPHead_0", "img/map_head", ih)
+  if fields["text_pool"] == "map":
+    maps += _bv_map_head("txt/MAPHead_0", "txt/map_head", th)
+  maps += _bv_ln("img/Transformer/encoder_norm", "img/ln_post") + _bv_ln("txt/Encoder_0/encoder_norm", "txt/ln_final")
+  for i in range(fields["image_depth"]):
+    maps += _bv_block(f"img/Transformer/encoderblock_{i}", f"img/transformer/block_{i}", ih)
+  for i in range(fields["text_depth"]):
+    maps += _bv_block(f"txt/Encoder_0/encoderblock_{i}", f"txt/transformer/block_{i}", th)
+  if "logit_bias_init" in fields:
+    maps.append(KeyMap(("b",), "logit_bias", _scalar, lambda x: (np.reshape(x, (1,)),)))
+  return maps
+
+
+def _npz_array(value: np.ndarray) -> np.ndarray:
+  if value.dtype.kind == "V" and value.dtype.itemsize == 2:   # bfloat16 saved as raw 2-byte records
+    import ml_dtypes
+    value = value.view(ml_dtypes.bfloat16)
+  return np.asarray(value, np.float32) if value.dtype.kind in "fV" or value.dtype.name == "bfloat16" else value
+
+
+def read_big_vision(path: str) -> dict[str, np.ndarray]:
+  """The flat {name: array} of a big_vision .npz, names as its two-tower model's params (`img/...`, `txt/...`,
+  `t`, `b`): the `params/` prefix (or a whole training checkpoint's `opt/target/`) dropped, scanned blocks
+  (`encoderblock` with a leading depth axis) unrolled into `encoderblock_N`, and an old checkpoint's duplicated
+  text posemb (`txt/Encoder_0/pos_embedding`) added into `txt/pos_embedding`, as big_vision's loader does."""
+  if os.path.isdir(path) or not zipfile.is_zipfile(path):
+    raise CheckpointFormatError(f"{path}: not a big_vision .npz (a zip of arrays named like "
+                                f"'params/img/embedding/kernel')")
+  with np.load(path, allow_pickle=False) as z:
+    raw = {k: _npz_array(z[k]) for k in z.files}
+  for prefix in ("params/", "opt/target/"):
+    if any(k.startswith(prefix) for k in raw):
+      raw = {k[len(prefix):]: v for k, v in raw.items() if k.startswith(prefix)}
+      break
+  sd = {}
+  for k, v in raw.items():
+    m = re.match(r"^(img/Transformer|txt/Encoder_0)/encoderblock/(.*)$", k)
+    if m:
+      for i in range(v.shape[0]):
+        sd[f"{m.group(1)}/encoderblock_{i}/{m.group(2)}"] = v[i]
+    else:
+      sd[k] = v
+  extra = sd.pop("txt/Encoder_0/pos_embedding", None)
+  if extra is not None and "txt/pos_embedding" in sd:
+    sd["txt/pos_embedding"] = sd["txt/pos_embedding"] + extra
+  return sd
+
+
+def _big_vision_tokenizer(path: str) -> str:
+  """The SentencePiece model beside a big_vision checkpoint: PATH with .model for .npz, else the one *.model in
+  its directory."""
+  directory = os.path.dirname(os.path.abspath(path))
+  same = os.path.splitext(os.path.abspath(path))[0] + ".model"
+  if os.path.isfile(same):
+    return same
+  found = sorted(f for f in os.listdir(directory) if f.endswith(".model"))
+  if len(found) == 1:
+    return os.path.join(directory, found[0])
+  raise FileNotFoundError(
+      f"big_vision:{path}: {'no' if not found else 'more than one'} SentencePiece tokenizer (*.model) beside the "
+      f"checkpoint in {directory}{' ' + str(found) if found else ''}; put the model the checkpoint was trained with "
+      f"there (SigLIP English: big_vision's c4_en, gs://t5-data/vocabs/cc_en.32000/sentencepiece.model), named "
+      f"{os.path.basename(same)!r} when several are present")
+
+
+def _big_vision_config(sd, spec: PretrainedSpec) -> tuple[dict, dict]:
+  if not any(k.startswith("img/") for k in sd) or not any(k.startswith("txt/") for k in sd):
+    raise UnsupportedArchitecture(f"big_vision:{spec.path} is not a two-tower checkpoint: expected params under "
+                                  f"img/ and txt/, found top-level {sorted({k.split('/')[0] for k in sd})}")
+  for key, why in (("img/pre_logits/kernel", "a ViT representation layer ('pre_logits', rep_size)"),
+                   ("img/head/kernel", None), ("txt/head/kernel", None)):
+    if why and key in sd:
+      raise UnsupportedArchitecture(f"big_vision:{spec.path}: {why} has no place in ncjax's image tower")
+    if not why and key not in sd:
+      raise UnsupportedArchitecture(f"big_vision:{spec.path}: no {key!r}; ncjax's towers end in a projection "
+                                    f"(big_vision's head, out_dim)")
+  if "img/embedding/kernel" not in sd or "txt/Embed_0/embedding" not in sd:
+    raise UnsupportedArchitecture(f"big_vision:{spec.path}: expected a ViT image tower (img/embedding/kernel) and "
+                                  f"big_vision's text transformer (txt/Embed_0/embedding)")
+  conv = sd["img/embedding/kernel"]
+  patch, channels, width = int(conv.shape[0]), int(conv.shape[2]), int(conv.shape[3])
+  pool = "map" if "img/MAPHead_0/probe" in sd else "tok" if "img/cls" in sd else "gap"
+  if "img/pos_embedding" in sd:
+    posemb, n = "learn", int(sd["img/pos_embedding"].shape[-2])
+    grid = int(round(n ** 0.5))
+    if grid * grid != n:
+      raise UnsupportedArchitecture(f"big_vision:{spec.path}: {n} position embeddings are not a square grid")
+    image_size = patch * grid
+    if spec.arch and int(spec.arch) != image_size:
+      raise ValueError(f"{spec}: the checkpoint's learned position embedding is for {image_size} px images, not "
+                       f"{spec.arch} (resampling it is not supported)")
+  else:
+    posemb = "sincos2d"
+    if not spec.arch:
+      raise ValueError(f"big_vision:{spec.path} has a fixed 'sincos2d' position embedding, so its image resolution "
+                       f"is not in the file: give it as big_vision:SIZE:PATH (e.g. big_vision:224:{spec.path})")
+    image_size = int(spec.arch)
+  text_pool = "map" if "txt/MAPHead_0/probe" in sd else "final"
+  emb = sd["txt/Embed_0/embedding"]
+  fields = _model_fields(
+      embed_dim=int(sd["img/head/kernel"].shape[1]), image_size=image_size, patch_size=patch, channels=channels,
+      image_width=width, image_depth=_count(sd, r"img/Transformer/encoderblock_(\d+)/"),
+      image_heads=int(sd["img/Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"].shape[1]),
+      image_mlp_dim=int(sd["img/Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"].shape[1]),
+      text_width=int(emb.shape[1]), text_depth=_count(sd, r"txt/Encoder_0/encoderblock_(\d+)/"),
+      text_heads=int(sd["txt/Encoder_0/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"].shape[1]),
+      text_mlp_dim=int(sd["txt/Encoder_0/encoderblock_0/MlpBlock_0/Dense_0/kernel"].shape[1]),
+      context_length=int(sd["txt/pos_embedding"].shape[-2]), vocab_size=int(emb.shape[0]),
+      # flax's nn.gelu is the tanh approximation; nn.LayerNorm's epsilon 1e-6
+      act="gelu_tanh", ln_eps=1e-6, ln_pre=False, patch_bias=True, pool=pool, posemb=posemb, proj_bias=True,
+      text_pool=text_pool, text_causal=False, tokenizer="sentencepiece:" + _big_vision_tokenizer(spec.path))
+  if int(sd["img/head/kernel"].shape[1]) != int(sd["txt/head/kernel"].shape[1]):
+    raise UnsupportedArchitecture(f"big_vision:{spec.path}: image and text heads differ in width "
+                                  f"({sd['img/head/kernel'].shape[1]} vs {sd['txt/head/kernel'].shape[1]})")
+  if "b" in sd:
+    fields["logit_bias_init"] = float(np.asarray(sd["b"]).reshape(()))
+  if "t" in sd:
+    fields["logit_scale_init"] = float(np.asarray(sd["t"]).reshape(()))
+  # big_vision's SigLIP input: resized to size x size (no crop), values scaled to [-1, 1] (mean = std = 0.5)
+  return fields, _preprocess(image_size, "siglip", "squash")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------------------------
 def _read(spec: PretrainedSpec):
@@ -408,6 +628,10 @@ def _read(spec: PretrainedSpec):
     sd, cfg, pre_json = _read_hf(spec)
     fields, pre = _hf_config(cfg, pre_json)
     keys = hf_keys(fields["image_depth"], fields["text_depth"])
+  elif spec.format == "big_vision":
+    sd = read_big_vision(spec.path)
+    fields, pre = _big_vision_config(sd, spec)
+    keys = big_vision_keys(fields)
   else:
     sd = read_tensors(spec.path)
     fields, pre = _meru_config(sd)
@@ -586,18 +810,23 @@ def load_model(spec: str):
   from flax import nnx
   from ncjax import models
   from ncjax.data import preprocess as pp
-  from ncjax.tokenizers import ClipBpeTokenizer
+  from ncjax import tokenizers
   model_config, params = load(spec)
   cfg = ml_collections.ConfigDict(dict(_config_defaults(), **{k: v for k, v in model_config.items()
                                                              if k != "preprocess"}))
-  module = models.build_two_tower(models.ModelSpec.from_config(cfg), vocab_size=cfg.vocab_size, eot_id=CLIP_EOT_ID)
+  if cfg.tokenizer == "clip_bpe":
+    tokenizer = tokenizers.ClipBpeTokenizer(context_length=cfg.context_length)
+  else:   # big_vision: the SentencePiece model beside the checkpoint
+    tokenizer = tokenizers.build_tokenizer([], context_length=cfg.context_length, kind=cfg.tokenizer)
+  module = models.build_two_tower(models.ModelSpec.from_config(cfg), vocab_size=cfg.vocab_size,
+                                  eot_id=tokenizer.eot_id)
   bound = PretrainedModel(module, jax.tree.map(np.asarray, params), cfg)
   pre = model_config.preprocess
 
   def preprocess(image):
     return pp.eval_transform(image, pre.image_size, pre.normalization, resize=pre.resize)
 
-  return bound, preprocess, ClipBpeTokenizer(context_length=cfg.context_length)
+  return bound, preprocess, tokenizer
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -625,8 +854,18 @@ def _check_exportable(model_cfg, fmt: str, tokenizer_kind: str):
     problems.append("patch bias / no ln_pre (a timm-style ViT) is not CLIP's layout")
   if model_cfg.get("act") not in ("quick_gelu", "gelu"):
     problems.append(f"activation {model_cfg.get('act')!r}")
-  if model_cfg.get("pool", "tok") != "tok" or model_cfg.get("image_type", "vit") != "vit":
+  if model_cfg.get("pool", "tok") == "map":
+    problems.append("the image tower's 'map' attention-pool head (SigLIP's MAPHead) has no counterpart in "
+                    "open_clip's CLIP / transformers' CLIPModel, which pool the class token")
+  elif model_cfg.get("pool", "tok") != "tok" or model_cfg.get("image_type", "vit") != "vit":
     problems.append("only class-token ViTs export")
+  if model_cfg.get("posemb", "learn") != "learn":
+    problems.append("a fixed 'sincos2d' position embedding is not CLIP's learned one")
+  if model_cfg.get("proj_bias", False):
+    problems.append("projection biases (big_vision's heads) are not in CLIP's layout")
+  if not model_cfg.get("text_causal", True) or model_cfg.get("text_pool", "eot") not in ("eot", "argmax"):
+    problems.append(f"a bidirectional text tower pooled at {model_cfg.get('text_pool')!r} (big_vision's) is not "
+                    f"CLIP's causal one pooled at the end-of-text token")
   if tokenizer_kind != "clip_bpe":
     problems.append(f"the model was trained with a {tokenizer_kind!r} tokenizer, which open_clip / transformers "
                     f"would not reproduce (train with model.tokenizer=clip_bpe)")
