@@ -13,16 +13,16 @@ def _content(desc):
 
 
 def test_every_scene_is_a_pure_function_of_its_id_and_the_splits_are_disjoint():
-  a, b = scenes.load("train", image_size=16), scenes.load("train", image_size=16)
+  a, b = scenes.load("train", image_size=8), scenes.load("train", image_size=8)
   np.testing.assert_array_equal(a.images, b.images)
   assert a.captions == b.captions
-  test = scenes.load("test", image_size=16)
+  test = scenes.load("test", image_size=8)
   assert (a.num_images, a.num_captions) == (scenes.NUM_TRAIN, scenes.NUM_TRAIN)
   assert (test.num_images, test.num_captions) == (scenes.NUM_TEST, 2 * scenes.NUM_TEST)
   assert not set(a.image_ids.tolist()) & set(test.image_ids.tolist())
   # A scene does not depend on which other scenes were drawn: scene 17 alone equals row 17 of the split.
-  np.testing.assert_allclose(scenes.render(scenes.scene(17), 16), (a.images[17] + 1) / 2, atol=1e-6)
-  assert a.images.shape == (scenes.NUM_TRAIN, 16, 16, 3) and -1.0 <= a.images.min() and a.images.max() <= 1.0
+  np.testing.assert_allclose(scenes.render(scenes.scene(17), 8), (a.images[17] + 1) / 2, atol=1e-6)
+  assert a.images.shape == (scenes.NUM_TRAIN, 8, 8, 3) and -1.0 <= a.images.min() and a.images.max() <= 1.0
 
 
 def test_almost_every_caption_fits_only_its_own_image():
