@@ -120,6 +120,18 @@ def open_file(path: str, mode: str = "r", **kwargs):
   return open(path, mode, **kwargs)
 
 
+def open_sequential(path: str, buffer_size: int = 8 << 20):
+  """A binary file object for reading front to back in many small reads (a tar parsed header by header): local,
+  Python's own buffered file; remote, the object behind an io.BufferedReader of `buffer_size` bytes, so a 512-byte
+  read is a memory copy and not one trip through fsspec's event loop each (measured on a local GCS server: ~1 ms a
+  call, a tar of small images read at ~130 samples/s without it). Seeks past the buffer still work."""
+  if is_remote(path):
+    fs, inner = _fs(path)
+    raw = fs.open(inner, "rb", block_size=buffer_size, cache_type="none")
+    return io.BufferedReader(raw, buffer_size=buffer_size)
+  return open(path, "rb", buffering=1 << 20)
+
+
 def read_bytes(path: str) -> bytes:
   if is_remote(path):
     fs, inner = _fs(path)

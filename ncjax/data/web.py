@@ -38,6 +38,7 @@ import io
 import json
 import logging
 import os
+import posixpath
 import threading
 
 import numpy as np
@@ -225,7 +226,10 @@ def list_shards(root: str) -> list[str]:
     fs, inner = fsspec.core.url_to_fs(root)
     fs.invalidate_cache()
     protocol = root.split("://", 1)[0]
-    found = sorted(f"{protocol}://{p}" for p in fs.glob(inner.rstrip("/") + "/**.tar"))
+    # a recursive listing (fsspec's glob takes '**' only as a whole path component, and '**/*.tar' would miss
+    # tars directly under root in some versions); hidden names (.partial uploads) are not shards
+    found = sorted(f"{protocol}://{p}" for p in fs.find(inner.rstrip("/"))
+                   if p.endswith(".tar") and not posixpath.basename(p).startswith("."))
   else:
     found = sorted(globlib.glob(os.path.join(root, "**", "*.tar"), recursive=True))
   if not found:
@@ -318,7 +322,7 @@ class WebDataset:
     base, n = int(self.starts[s]), int(self.counts[s])
     j, error = 0, ""
     try:
-      with fileio.open_file(self.shards[s], "rb") as f:
+      with fileio.open_sequential(self.shards[s]) as f:
         for key, _, _, parts in iter_samples(f):
           if j >= n:
             log.warning("%s holds more samples than its metadata's %d: the rest are not read", self.shards[s], n)
@@ -402,7 +406,7 @@ def scan_shard(task) -> dict:
   want = {"json"} if clean_key else set()
   size = None
   try:
-    with fileio.open_file(path, "rb", **({} if fileio.is_remote(path) else {"buffering": 1 << 20})) as f:
+    with fileio.open_sequential(path) as f:
       size = f.seek(0, 2)
       f.seek(0)
       for key, begin, sample_end, parts in iter_samples(f, want):

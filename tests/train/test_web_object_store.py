@@ -1,0 +1,72 @@
+"""img2dataset output in object storage (gs://, a real GCS JSON API server on 127.0.0.1: tests/gcs_server.py): the
+index built there by `python -m ncjax.data.build --dataset=web`, streamed and indexed reads giving what the same
+files on local disk give (ids, keys, captions, image bytes, .json, the bad records of a cut shard), and a short
+training run on the gs:// copy ending bitwise where the local one ends, in both modes."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import multiprocess  # noqa: E402  (tests/multiprocess.py)
+from gcs_server import GCSServer  # noqa: E402
+from helpers import ROOT, assert_trees_equal, tiny_clip_config  # noqa: E402
+from ncjax import fileio, train  # noqa: E402
+from ncjax.data import web, web_synthetic  # noqa: E402
+
+N, PER_SHARD = 300, 60
+_WRITE = dict(per_shard=PER_SHARD, image_size=16, pool=8, corrupt_images=(7,), truncate_shards=(3,))
+
+
+def _fields(samples):
+  # everything a sample carries but the reason text of a bad one (it names the shard's path)
+  return [(s.id, s.key, s.caption, s.image, s.meta, bool(s.bad)) for s in samples]
+
+
+def _streamed(ds):
+  return [x for s in range(len(ds.shards)) for x in ds.iter_shard(s)]
+
+
+def _config(root, mode, cache):
+  return tiny_clip_config(arg="batch=32,epochs=1", total_steps=3, **{
+      "input.dataset": f"web:{root}", "input.web.mode": mode, "input.web.window": 2,
+      "input.web.cache_dir": cache})
+
+
+def test_img2dataset_output_in_gcs_reads_and_trains_like_local_disk(tmp_path):
+  local = str(tmp_path / "web")
+  web_synthetic.write_img2dataset(local, N, **_WRITE)
+  local_manifest = web.build_index(local, workers=1)
+  with GCSServer() as server:
+    remote = server.path("web")
+    web_synthetic.write_img2dataset(remote, N, **_WRITE)
+    assert not fileio.exists(fileio.join(remote, web.INDEX_DIRNAME))
+    # Streamed before any index: shard list and counts from the parquet / _stats.json objects.
+    unindexed = web.open_dataset(remote)
+    assert unindexed.index is None and [fileio.basename(s) for s in unindexed.shards] == \
+        [f"{s:05d}.tar" for s in range(N // PER_SHARD)]
+    np.testing.assert_array_equal(unindexed.counts, [PER_SHARD] * (N // PER_SHARD))
+    ref = _streamed(web.open_dataset(local, use_index=False))
+    assert _fields(_streamed(unindexed)) == _fields(ref) and sum(bool(s.bad) for s in ref) == 15
+    # The build's command line, writing its index into the bucket (parts, then offsets.npy + manifest.json).
+    out = subprocess.run([sys.executable, "-m", "ncjax.data.build", "--dataset=web", f"--manual_dir={remote}",
+                          "--workers=2"], cwd=ROOT, env=multiprocess.env(server.env), capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    index_dir = fileio.join(remote, web.INDEX_DIRNAME)
+    assert fileio.listdir(index_dir) == ["manifest.json", "offsets.npy"]   # the parts merged and removed
+    assert web.WebIndex.open(index_dir, str(tmp_path / "c0")).manifest == local_manifest
+    indexed = web.open_dataset(remote, cache_dir=str(tmp_path / "cache"))
+    assert indexed.index is not None and not os.path.exists("gs:")
+    assert _fields([indexed.read(i) for i in range(N)]) == _fields(ref)          # one ranged read per pair
+    assert _fields(_streamed(web.open_dataset(remote, use_index=False))) == _fields(ref)
+    # Training on the bucket ends bitwise where training on local disk ends (the index's local copy is reused).
+    for mode in ("index", "stream"):
+      runs = [train.train(_config(root, mode, str(tmp_path / "cache")), str(tmp_path / f"{mode}_{i}"))
+              for i, root in enumerate((local, remote))]
+      assert [r.experiment.train_data.mode for r in runs] == [mode, mode]
+      assert int(runs[1].state["step"]) == 3
+      assert_trees_equal(runs[0].state, runs[1].state)
