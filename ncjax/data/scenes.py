@@ -62,10 +62,10 @@ _BACKGROUND_PHRASES = {
 _LARGE = ("large", "big", "huge")
 _SMALL = ("small", "little", "tiny")
 
-# Caption forms: {big} = the large object's phrase, {smalls} = the small objects' phrases, {bg} = the background.
+# Caption forms: {big} = the large object's phrase, {smalls} = the small objects' phrases, {bg} = the background's.
 _FORMS = (
-    "a {big} {bg}, with {smalls}",
-    "{bg_cap}: {big} and {smalls}",
+    "{big} {bg}, with {smalls}",
+    "{bg}: {big} and {smalls}",
     "{smalls} next to {big}, {bg}",
     "a picture of {big} and {smalls} {bg}",
     "{big} {bg} beside {smalls}",
@@ -162,14 +162,12 @@ def _object_phrase(obj: dict, rng: np.random.Generator) -> str:
 
 def caption(desc: dict, form: int, rng: np.random.Generator) -> str:
   """One description of the scene in caption form `form` (synonyms and object order drawn from rng)."""
-  big = _object_phrase(desc["objects"][0], rng)
+  big = "a " + _object_phrase(desc["objects"][0], rng)
   smalls = [_object_phrase(o, rng) for o in desc["objects"][1:]]
   rng.shuffle(smalls)
   smalls = " and ".join(f"a {s}" for s in smalls)
   bg = _BACKGROUND_PHRASES[desc["background"]][rng.integers(3)]
-  text = _FORMS[form].format(big=f"a {big}" if not _FORMS[form].startswith("a {big}") else big, smalls=smalls,
-                             bg=bg, bg_cap=bg)
-  return text
+  return _FORMS[form].format(big=big, smalls=smalls, bg=bg)
 
 
 def zeroshot_templates() -> tuple[str, ...]:
