@@ -29,6 +29,7 @@ def _recompute_zero_shot_and_retrieval(workdir, step, results):
                                                                abs=100 / split.num_captions + 1e-6)
 
 
+@pytest.mark.slow   # make test-all (47 s); make test trains through the CLI with periodic evaluation in test_adding_a_method.py
 def test_cli_trains_siglip_with_periodic_evals_tensorboard_and_resume(tmp_path):
   args = [sys.executable, "-m", "ncjax.main", f"--config=configs/siglip.py:model={TEST_MODEL},noise=0.4,batch=64,epochs=1",
           f"--workdir={tmp_path}", "--cpu_devices=8", "--config.log.tensorboard=True",

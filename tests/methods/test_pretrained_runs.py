@@ -78,6 +78,7 @@ def test_export_command_writes_a_folder_open_clip_loads(ncu_run, tmp_path):
     assert np.min(np.sum(a * b, -1)) > 0.999
 
 
+@pytest.mark.slow   # make test-all (31 s); make test evaluates a pretrained model in cli/test_eval_suite.py
 def test_eval_init_evaluates_an_imported_model_on_an_image_folder(openai_checkpoint, tmp_path):
   path, _ = openai_checkpoint
   root = fx.write_image_folder(str(tmp_path / "imgs"), size=20)

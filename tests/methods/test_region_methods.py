@@ -29,12 +29,12 @@ def ncr_precomp(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name,arg,extra", [
-    # make test runs DisNCL's (the same precomp path, SGRAF backbone, two stages); SGRAF's own in make test-all
     pytest.param("sgraf", "batch=8,epochs=1", {"loss.all_negatives_epochs": 1}, marks=pytest.mark.slow),
     # GSC's label machinery is the two-tower one (tested there); its SGRAF structures are tested in
     # tests/models/test_sgraf_model.py.
     pytest.param("gsc", "backbone=sgraf,batch=8,epochs=2,warmup=0", {}, marks=pytest.mark.slow),
-    ("disncl", "batch=8,epochs=1,warmup=1", {})])
+    # make test-all (41 s); make test steps DisNCL in test_disncl_reconstructed_pieces_... and test_recipes.py
+    pytest.param("disncl", "batch=8,epochs=1,warmup=1", {}, marks=pytest.mark.slow)])
 def test_region_methods_train_and_evaluate_from_ncr_precomp_files(name, arg, extra, ncr_precomp, tmp_path,
                                                                   monkeypatch):
   cfg = make_config(name, arg + ",data=tfds:precomp/f30k_precomp,noise=0.4", **TINY, **extra,

@@ -21,6 +21,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.slow   # make test-all (25 s); make test's 2 x 4 == 1 x 8 is test_multiprocess_evaluation.py (training and evaluation)
 def test_two_processes_match_one_process(tmp_path):
   port, steps = _free_port(), 3
   out = tmp_path / "params.npz"

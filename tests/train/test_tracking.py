@@ -40,6 +40,7 @@ def wandb_records(path: str) -> list:
   return out
 
 
+@pytest.mark.slow   # make test-all (21 s): an offline wandb run and a profiler trace
 def test_wandb_run_continues_on_resume_and_the_profile_holds_the_chosen_steps(tmp_path):
   cfg = tiny_clip_config(total_steps=4, **{"log.wandb": True, "log.wandb_mode": "offline", "log.every_steps": 1,
                                            "log.profile_steps": "3:4", "log.wandb_project": "ncjax-test"})
