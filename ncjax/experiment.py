@@ -87,7 +87,8 @@ class Resolved:
   def setup(self, *, tokenizer, num_examples: int, prior_scores=None) -> MethodSetup:
     c = self.config
     return MethodSetup(model=self.model, tokenizer=tokenizer, num_examples=num_examples, num_epochs=c.num_epochs,
-                       num_steps=c.num_steps, seed=c.seed, lr=c.optim.lr, weight_decay=c.optim.weight_decay, freeze=c.optim.freeze,
+                       num_steps=c.num_steps, seed=c.seed, lr=c.optim.lr, weight_decay=c.optim.weight_decay,
+                       freeze=c.optim.freeze,
                        micro_batches=c.optim.micro_batches, prior_scores=prior_scores)
 
   def method(self, *, tokenizer, num_examples: int, prior_scores=None) -> Method:

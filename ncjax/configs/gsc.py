@@ -45,7 +45,8 @@ PRESETS = {
 
 
 def get_config(arg=None):
-  args = config_lib.parse_arg(arg, setting=optional(str), model=optional(str), data=optional(str), noise=optional(float),
+  args = config_lib.parse_arg(arg, setting=optional(str), model=optional(str), data=optional(str),
+                              noise=optional(float),
                               batch=optional(int), epochs=optional(int), coteach=False, gamma=0.01,
                               lr=optional(float), init="", temperature="fixed", warmup=optional(int),
                               backbone="two_tower", head=optional(str), indicator=optional(str))

@@ -6,7 +6,8 @@ from OpenAI's weights (the checkpoint sets the architecture) or from an ncjax CL
       --config.input.data_dir=/data/tfds --workdir=/runs/ncu_b32
 Digits demo (from a CLIP trained on 40%-noisy digits):
   python -m ncjax.main --config=configs/ncu.py:init=/tmp/clip --workdir=/tmp/ncu --cpu_devices=8
-Arguments: setting (a preset: paper | digits | scenes; default: scenes on data=scenes, else digits), method (ncu | ncu_ga), model, data, init (an ncjax CLIP workdir, or
+Arguments: setting (a preset: paper | digits | scenes; default: scenes on data=scenes, else digits), method
+(ncu | ncu_ga), model, data, init (an ncjax CLIP workdir, or
 openai:PATH / open_clip:PATH / hf:DIR), batch, noise, epochs (the unlearning stage's: every method's `epochs` is its
 main stage's), epochs_prompt (the prompt stage before it), ratio (the per-batch forget fraction P), forget_from
 (batch | scores), forget_scores, forget_threshold. An argument left out takes the preset's value.

@@ -2,19 +2,20 @@
 
 Digits has ten classes, so a shuffled caption still fits about a tenth of the images of its batch; on web data a
 mismatched caption is almost always unique to the image it was written for. Each scene here has a background
-(grass, sand, sky, night, snow, brick), one large object and one small one (two in 30% of the scenes), each with a shape, a colour and a
-position on a 3 x 3 grid; its captions name all of them in varied wording (synonyms, the order of the objects, the
-place of the background in the sentence). With 7 x 8 x 9 large objects (shape, colour, cell), 6 backgrounds and 7 x 8 x 8 small ones per
-slot, almost no two scenes share a description, so a caption fits only its own image — the premise NCU's masking
-rests on (unlearn the association a mismatched pair would teach).
+(grass, sand, sky, night, snow, brick), one large object and one small one (two in 30% of the scenes), each with a
+shape, a colour and a position on a 3 x 3 grid; its captions name all of them in varied wording (synonyms, the order
+of the objects, the place of the background in the sentence). With 7 x 8 x 9 large objects (shape, colour, cell),
+6 backgrounds and 7 x 8 x 8 small ones per slot, almost no two scenes share a description, so a caption fits only its
+own image — the premise NCU's masking rests on (unlearn the association a mismatched pair would teach).
 
-Class label (zero-shot): the colour of the large object (8 classes). Telling it apart means binding a colour to
-the object the caption calls large: on a clean training run of NC-bench's budget the tiny model reaches ~56% where
-the background (6 classes) is read off the pixels' mean at ~90% even from 40%-noisy captions (too easy to show
-noise), and the large object's shape stays at chance (too hard for 24 px at this budget) — measured 2026-11-23. Splits: 'train' (2,000 scenes, one caption each) and
-'test' (400 held-out scenes, two captions each, never noisy). Every scene is a pure function of its id
-(PCG64([SEED, id])): the data is the same on every machine and needs no download. Images are drawn at twice the
-requested size and box-filtered down (anti-aliased edges), then normalised to [-1, 1].
+Class label (zero-shot): the colour of the large object (8 classes), which means binding a colour to the object the
+caption calls large. Measured on 2026-11-23 with `tiny_scenes`, 30 epochs of CLIP: the colour reached 56% on clean
+captions and 22% on 40%-noisy ones; the background (6 classes, read off the pixels' mean) 90% and 97% — no signal
+of the noise —, and the large object's shape stayed at chance (too hard at 24 px for this budget).
+Splits: 'train' (2,000 scenes, one caption each) and 'test' (400 held-out scenes, two captions each, never noisy).
+Every scene is a pure function of its id (PCG64([SEED, id])): the data is the same on every machine and needs no
+download. Images are drawn at twice the requested size and box-filtered down (anti-aliased edges), then normalised
+to [-1, 1].
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ def templates_for(name: str, dataset: str = ""):
   known = zeroshot_templates(name)
   if known:
     return known
-  raise ValueError(f"unknown template set {name!r}; built in: {sorted(builtin) + ['digits', 'digits_plain', 'scenes']}, a "
+  own = ["digits", "digits_plain", "scenes"]
+  raise ValueError(f"unknown template set {name!r}; built in: {sorted(builtin) + own}, a "
                    f"CLIP_benchmark dataset key (cifar10, imagenet1k, ...), or a .txt / .json file path")
 
 
