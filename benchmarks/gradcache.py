@@ -32,14 +32,7 @@ def _program(config_name: str, arg: str, overrides: dict, devices, stage: int = 
   import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
   from ncjax import config_lib, experiment, sharding as shard_lib, tokenizers, train
-  cfg = config_lib.load_config_file(config_name, arg)
-  with cfg.unlocked():
-    for key, value in overrides.items():
-      node = cfg
-      *parents, leaf = key.split(".")
-      for p in parents:
-        node = node[p]
-      node[leaf] = value
+  cfg = config_lib.set_dotted(config_lib.load_config_file(config_name, arg), overrides)
   resolved = experiment.resolve(cfg)
   spec = resolved.model
   mesh = shard_lib.make_mesh(cfg.mesh, devices)

@@ -408,6 +408,18 @@ def closest_keys(config, path: str, n: int = 3) -> list[str]:
   return ranked[:n]
 
 
+def set_dotted(cfg, overrides: dict):
+  """Set dotted keys ({"optim.lr": 1e-3}) in place, as `--config.optim.lr=1e-3` would; returns cfg."""
+  with cfg.unlocked():
+    for key, value in overrides.items():
+      node = cfg
+      *parents, leaf = key.split(".")
+      for p in parents:
+        node = node[p]
+      node[leaf] = value
+  return cfg
+
+
 def check_override_path(config, path: str) -> None:
   """Raise a one-line ConfigError when `--config.PATH=...` names no key of the (locked) config: the key and the
   closest known keys (instead of ml_collections' traceback ending in AttributeError)."""

@@ -32,14 +32,8 @@ def make_config(name: str, arg: str = "", **overrides):
 
 def override(cfg, **overrides):
   """Set dotted keys (`**{"optim.lr": 1e-3}`) in place, as `--config.optim.lr=1e-3` would; returns cfg."""
-  with cfg.unlocked():
-    for key, value in overrides.items():
-      node = cfg
-      *parents, leaf = key.split(".")
-      for p in parents:
-        node = node[p]
-      node[leaf] = value
-  return cfg
+  from ncjax import config_lib
+  return config_lib.set_dotted(cfg, overrides)
 
 
 def tiny_clip_config(**kw):
