@@ -64,7 +64,6 @@ class PreemptionWatch:
   checkpoint written. SIGUSR1 (what some schedulers send ahead of a time limit) is turned into a SIGTERM."""
 
   def __init__(self):
-    self.multi = jax.process_count() > 1
     self._flag = threading.Event()
     self._previous = {}
     if threading.current_thread() is not threading.main_thread():
@@ -83,12 +82,8 @@ class PreemptionWatch:
     import os
     os.kill(os.getpid(), signal.SIGTERM)
 
-  def reached(self, step: int) -> bool:
-    del step   # every process calls this once per step: the all-gathers pair up by their order
-    if self.multi:
-      from jax.experimental import multihost_utils
-      flags = multihost_utils.process_allgather(np.asarray(self._flag.is_set(), np.int32))
-      return bool(np.max(flags))
+  def asked(self) -> bool:
+    """Whether this process was sent SIGTERM (agreed with the others by `end_of_step`)."""
     return self._flag.is_set()
 
   def close(self):
@@ -99,26 +94,34 @@ class PreemptionWatch:
 
 class SaveSchedule:
   """When the loop saves a periodic checkpoint: every `ckpt.every_steps` steps and every `ckpt.every_minutes`
-  minutes of wall-clock time (0 turns either off). Process 0's clock decides for every process (broadcast), so all
+  minutes of wall-clock time (0 turns either off). Process 0's clock decides for every process (end_of_step), so all
   processes save the same step."""
 
   def __init__(self, every_steps: int, every_minutes: float, clock=time.monotonic):
     self.every_steps, self.every_s, self.clock = int(every_steps), 60.0 * float(every_minutes), clock
     self.last = clock()
 
-  def due(self, step: int) -> bool:
-    if self.every_steps and step % self.every_steps == 0:
-      return True
-    if not self.every_s:
-      return False
-    late = self.clock() - self.last >= self.every_s
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-      late = bool(multihost_utils.broadcast_one_to_all(np.asarray(late)))
-    return late
+  def step_due(self, step: int) -> bool:
+    return bool(self.every_steps) and step % self.every_steps == 0
+
+  def late(self) -> bool:
+    """This process's clock says a save is due (process 0's decides for all: `end_of_step`)."""
+    return bool(self.every_s) and self.clock() - self.last >= self.every_s
 
   def saved(self):
     self.last = self.clock()
+
+
+def end_of_step(watch: PreemptionWatch, schedule: SaveSchedule, step: int) -> tuple[bool, bool]:
+  """(preempted, save) after `step`, the same on every process: one all-gather per step carries every process's
+  SIGTERM flag (any one stops all) and process 0's save clock (until 2026-11-23 two collectives per step). Every process calls it once per step, so the
+  all-gathers pair up by their order."""
+  asked, late = watch.asked(), schedule.late()
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    rows = np.asarray(multihost_utils.process_allgather(np.asarray([asked, late], np.int32))).reshape(-1, 2)
+    asked, late = bool(rows[:, 0].max()), bool(rows[0, 1])
+  return asked, asked or late or schedule.step_due(step)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -376,8 +379,8 @@ class Trainer:
             mstate = self.end_of_epoch_fn()(state["params"], state["method_state"],
                                             jnp.asarray(epoch, jnp.int32))
           state = dict(state, method_state=mstate)
-        preempted = watch.reached(step + 1)
-        if preempted or schedule.due(step + 1):
+        preempted, save = end_of_step(watch, schedule, step + 1)
+        if save:
           # Log the pending step before its checkpoint exists: a run killed after the save resumes past it,
           # and its metrics line would otherwise never be written.
           log_pending(final=step + 1 == stop)
