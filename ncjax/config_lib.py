@@ -145,14 +145,21 @@ def base_config() -> ml_collections.ConfigDict:
       # (`ncjax eval --num_workers`); eval_decode: 'thread' or 'process' workers
       eval_workers=-1, eval_decode="thread",
       # input.dataset='web:ROOT[::ROOT2...]' (img2dataset output, ncjax.data.web_pipeline): mode 'auto' (indexed
-      # when built, else streamed) | 'index' | 'stream'; weights 'w1::w2' of a mixture (default: the datasets'
-      # sizes); resample: streamed shards drawn with replacement; window shards read interleaved through a shuffle
-      # buffer of `buffer` pairs; mix_block: positions per mixture block; caption_key / clean_key of the .json;
-      # cache_dir: a local copy of a gs:// index; a word vocabulary counts at most vocab_captions captions and
-      # keeps at most max_vocab words; decoder: 'pil' or 'simplejpeg' (JPEGs; pip install 'ncjax[web]').
-      web=ml_collections.ConfigDict(dict(mode="auto", weights="", resample=False, window=8, buffer=2048,
-                                         mix_block=1000, caption_key="caption", clean_key="", cache_dir="",
-                                         vocab_captions=200_000, max_vocab=65_536, decoder="pil")),
+      # when built, else streamed) | 'index' | 'stream'; read (indexed): 'auto' (block on an object store, else
+      # pair) | 'pair' (one ranged read per pair, a global shuffle for any process count) | 'block' (blocks of
+      # `block` consecutive pairs per ranged read, shuffled in windows of `shuffle_pairs` pairs per process);
+      # weights 'w1::w2' of a mixture (default: the datasets' sizes); resample: streamed shards drawn with
+      # replacement; window shard segments read interleaved through a shuffle buffer of `buffer` pairs; mix_block:
+      # positions per mixture block; caption_key / clean_key of the .json; cache_dir: the host's copy of a gs://
+      # index; a word vocabulary counts at most vocab_captions captions and keeps at most max_vocab words;
+      # decoder: 'pil' or 'simplejpeg' (JPEGs; pip install 'ncjax[web]'); workers: decode processes (0: the
+      # input.num_threads threads of the training process; -1: one per usable core); max_inflight: ranged reads
+      # in flight; io_deadline_s: how long a read retries a store that does not answer before the run stops.
+      web=ml_collections.ConfigDict(dict(mode="auto", read="auto", block=64, shuffle_pairs=4096, weights="",
+                                         resample=False, window=8, buffer=2048, mix_block=1000,
+                                         caption_key="caption", clean_key="", cache_dir="",
+                                         vocab_captions=200_000, max_vocab=65_536, decoder="pil", workers=0,
+                                         max_inflight=64, io_deadline_s=300.0)),
   ))
 
   # Noise applied to the training pairs; the ground-truth clean flag is kept for diagnostics only.

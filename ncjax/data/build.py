@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ncjax import fileio
 from ncjax.data import readers, tfds_builders
 
 
@@ -82,23 +83,21 @@ def main(argv=None) -> int:
 
 def build_web(args) -> int:
   import time
-  from ncjax.data import web
+  from ncjax.data import web_index
   if not args.manual_dir:
     print("error: --dataset=web needs --manual_dir=ROOT (img2dataset's output)", file=sys.stderr)
     return 2
   t0 = time.perf_counter()
   try:
     if args.merge and args.num_hosts > 1:
-      manifest = web.merge_index(args.manual_dir, args.index_dir or web.fileio.join(args.manual_dir,
-                                                                                    web.INDEX_DIRNAME),
-                                 clean_key=args.clean_column or "")
+      manifest = web_index.merge_index(args.manual_dir, args.index_dir, clean_key=args.clean_column or "")
     else:
-      manifest = web.build_index(args.manual_dir, index_dir=args.index_dir, workers=args.workers,
+      manifest = web_index.build_index(args.manual_dir, index_dir=args.index_dir, workers=args.workers,
                                  num_hosts=args.num_hosts, host_index=args.host_index,
                                  clean_key=args.clean_column or "", merge=True if args.merge else None,
                                  progress=lambda done, total: print(f"\r{done}/{total} shards", end="",
                                                                     file=sys.stderr, flush=True))
-  except readers.DataFormatError as e:
+  except (readers.DataFormatError, fileio.StorageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   dt = time.perf_counter() - t0

@@ -12,13 +12,21 @@ q-th pair is pair `perm_{d,e}(q mod N_d)` of epoch e = q // N_d, perm an on-dema
 (ncjax.data.permutation) drawn from (seed, d, e): a global shuffle per epoch of each dataset, in O(1) memory. A
 dataset whose weight exceeds its share of the pairs simply runs through more of its own epochs (upsampling).
 
-Streamed order (stream 1 + p over process p's own position step * b + j): process p reads its own shards only.
-Dataset d's shard sequence for p is, epoch after epoch, every P-th shard of that epoch's shard permutation
-(p, p + P, ...), or with `resample` shards drawn with replacement from (seed, d, p, window) (open_clip's
---dataset-resampled). The sequence is cut into windows of `window` shards; a window's shards are read interleaved
-(one sample of each in turn) through a shuffle buffer of `buffer` samples emptied at the window's end, its draws
-from (seed, d, p, window). Resuming inside a window re-reads that window from its start (at most `window` shards)
-and skips what was already used.
+Block order (index mode read in blocks, stream 0 like the indexed order): dataset d's pairs are cut into blocks of
+`block` consecutive ids (the last one shorter); epoch e lists the blocks in the order of an on-demand permutation
+drawn from (seed, d, e), and its pairs are the blocks' pairs in that order, so dataset d's q-th pair is a pure
+function of q and every epoch is still a permutation of the dataset. The web reader then reads a run of consecutive
+positions with one ranged request per block, and shuffles a window of them (ncjax.data.web_pipeline).
+
+Streamed order (stream 1 + p over process p's own position step * b + j): process p reads its own samples only.
+Epoch e of dataset d lists its shards in the order of a permutation drawn from (seed, d, e); the samples of that
+list, N_d in all, are cut into P contiguous runs of N_d // P or N_d // P + 1 (process p takes run p), so that every
+sample is read exactly once per epoch over the processes even when shard sizes differ (a shard on a run's border is
+read in part by two processes: the second skips into it). With `resample`, shards are drawn with replacement from
+(seed, d, p, window) instead (open_clip's --dataset-resampled). The sequence is cut into windows of `window`
+shard segments; a window's segments are read interleaved (one sample of each in turn) through a shuffle buffer of
+`buffer` samples emptied at the window's end, its draws from (seed, d, p, window). Resuming inside a window
+re-reads that window from its start (at most `window` segments) and skips what was already used.
 """
 
 from __future__ import annotations
@@ -36,7 +44,9 @@ RESAMPLE = 0x72736D70  # 'rsmp'
 BUFFER = 0x62756666    # 'buff'
 EPOCH = 0x65706F63     # 'epoc'
 
-ORDER_VERSION = 1      # recorded in checkpoints: a change here reorders every web-scale run
+ORDER_VERSION = 2      # recorded in checkpoints: a change here reorders every web-scale run (2: streamed epochs are
+                       # exact partitions over the processes, 2026-11-25)
+BLOCKS = 0x626C6F6B    # 'blok'
 
 
 def block_counts(weights, block: int) -> np.ndarray:
@@ -121,48 +131,98 @@ class EpochPermutations:
     return out
 
 
+class BlockOrder:
+  """Dataset d's ordinal q -> its local pair id when the data is read in blocks of `block` consecutive ids: epoch
+  e = q // N lists the blocks in the order of a permutation drawn from (seed, d, e) (see the module docstring)."""
+
+  def __init__(self, size: int, block: int, seed: int, dataset: int):
+    self.size, self.block, self.seed, self.dataset = int(size), max(1, int(block)), int(seed), int(dataset)
+    self.num_blocks = -(-self.size // self.block)
+    self.short = self.size - (self.num_blocks - 1) * self.block     # the last block's length (== block if whole)
+    self._perm = functools.lru_cache(maxsize=4)(
+        lambda e: Permutation(self.num_blocks, self.seed, self.dataset, e, BLOCKS))
+
+  def __call__(self, ordinals) -> np.ndarray:
+    ordinals = np.asarray(ordinals, np.int64)
+    epochs, u = np.divmod(ordinals, self.size)
+    out = np.empty_like(ordinals)
+    k, last = self.block, self.num_blocks - 1
+    for e in np.unique(epochs):
+      sel = epochs == e
+      perm = self._perm(int(e))
+      at = int(perm.inverse(last))          # where the short block sits in this epoch's list
+      v = u[sel]
+      before = v < at * k
+      inside = (~before) & (v < at * k + self.short)
+      after = ~(before | inside)
+      slot = np.where(before, v // k, np.where(inside, at, at + 1 + (v - at * k - self.short) // k))
+      within = np.where(before, v % k, np.where(inside, v - at * k, (v - at * k - self.short) % k))
+      out[sel] = np.asarray(perm(slot), np.int64) * k + within
+    return out
+
+
 @dataclasses.dataclass
 class Window:
-  """A run of shards of one process's stream: their indices, their sample count and the first stream ordinal."""
+  """A run of one process's stream: its shard segments (shard, first sample, end sample), their sample count and
+  the first stream ordinal."""
   key: tuple
-  shards: np.ndarray
+  segments: np.ndarray      # int64 (k, 3)
   start: int
   size: int
 
+  @property
+  def shards(self) -> np.ndarray:
+    return self.segments[:, 0]
+
 
 class ShardSchedule:
-  """Process p's shard sequence of one dataset, cut into windows (see the module docstring)."""
+  """Process p's stream of one dataset as shard segments, cut into windows (see the module docstring)."""
 
   def __init__(self, counts, seed: int, dataset: int, process: int, processes: int, window: int,
                resample: bool = False):
     self.counts = np.asarray(counts, np.int64)
     self.seed, self.dataset, self.process, self.processes = int(seed), int(dataset), int(process), int(processes)
     self.window, self.resample = max(1, int(window)), bool(resample)
-    n_shards = len(self.counts)
-    if not resample and n_shards < processes:
-      raise ValueError(f"dataset {dataset} has {n_shards} shards for {processes} processes: each process streams "
-                       f"its own shards, so set input.web.resample=True (shards drawn with replacement) or index "
-                       f"it (python -m ncjax.data.build --dataset=web) and read it with input.web.mode='index'")
-    if self.counts.sum() == 0:
+    total = int(self.counts.sum())
+    if total == 0:
       raise ValueError(f"dataset {dataset} has no samples")
+    # process p's share of every epoch: samples [lo, hi) of the epoch's shard list (the same length every epoch)
+    self.lo, self.hi = self.process * total // self.processes, (self.process + 1) * total // self.processes
+    if not resample and self.hi <= self.lo:
+      raise ValueError(f"dataset {dataset} has {total} samples for {processes} processes: each process streams its "
+                       f"own share, so set input.web.resample=True (shards drawn with replacement) or read it "
+                       f"indexed (input.web.mode='index')")
     self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-  def epoch_shards(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
-    """(shards of this process in `epoch`, cumulative sample counts of its windows, starting at 0)."""
+  @property
+  def epoch_size(self) -> int:
+    """Samples this process reads per epoch of the dataset: N // P or N // P + 1."""
+    return self.hi - self.lo
+
+  def epoch_segments(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """((k, 3) segments of this process in `epoch`, cumulative sample counts of its windows, starting at 0)."""
     if epoch not in self._epochs:
       perm = Permutation(len(self.counts), self.seed, self.dataset, epoch, SHARDS)
-      shards = perm(np.arange(self.process, len(self.counts), self.processes))
-      sizes = self.counts[shards]
+      order = np.asarray(perm(np.arange(len(self.counts))), np.int64)
+      ends = np.cumsum(self.counts[order])
+      begins = ends - self.counts[order]
+      take = (ends > self.lo) & (begins < self.hi)
+      shards = order[take]
+      first = np.maximum(self.lo - begins[take], 0)
+      last = np.minimum(self.hi - begins[take], self.counts[shards])
+      segments = np.stack([shards, first, last], axis=1).astype(np.int64)
+      sizes = last - first
       bounds = np.concatenate([[0], np.cumsum([sizes[i:i + self.window].sum()
-                                                for i in range(0, len(shards), self.window)])]).astype(np.int64)
+                                                for i in range(0, len(segments), self.window)])]).astype(np.int64)
       if len(self._epochs) > 8:
         self._epochs.pop(next(iter(self._epochs)))
-      self._epochs[epoch] = (shards, bounds)
+      self._epochs[epoch] = (segments, bounds)
     return self._epochs[epoch]
 
   def resampled_window(self, w: int) -> np.ndarray:
     rng = np.random.Generator(np.random.PCG64([self.seed, self.dataset, self.process, w, RESAMPLE]))
-    return rng.integers(0, len(self.counts), self.window)
+    shards = rng.integers(0, len(self.counts), self.window)
+    return np.stack([shards, np.zeros_like(shards), self.counts[shards]], axis=1).astype(np.int64)
 
   def window_at(self, ordinal: int) -> Window:
     """The window holding stream ordinal `ordinal` of this process."""
@@ -170,27 +230,23 @@ class ShardSchedule:
     if self.resample:
       w, start = 0, 0
       while True:   # windows are O(window * shard size) samples: a few thousand steps of walking at most
-        shards = self.resampled_window(w)
-        size = int(self.counts[shards].sum())
+        segments = self.resampled_window(w)
+        size = int((segments[:, 2] - segments[:, 1]).sum())
         if ordinal < start + size:
-          return Window(("r", w), shards, start, size)
+          return Window(("r", w), segments, start, size)
         start += size
         w += 1
-    epoch, start = 0, 0
-    while True:
-      shards, bounds = self.epoch_shards(epoch)
-      if ordinal < start + bounds[-1]:
-        i = int(np.searchsorted(bounds, ordinal - start, side="right") - 1)
-        return Window(("e", epoch, i), shards[i * self.window:(i + 1) * self.window], start + int(bounds[i]),
-                      int(bounds[i + 1] - bounds[i]))
-      start += int(bounds[-1])
-      epoch += 1
+    epoch, within = divmod(ordinal, self.epoch_size)
+    segments, bounds = self.epoch_segments(epoch)
+    i = int(np.searchsorted(bounds, within, side="right") - 1)
+    return Window(("e", epoch, i), segments[i * self.window:(i + 1) * self.window],
+                  epoch * self.epoch_size + int(bounds[i]), int(bounds[i + 1] - bounds[i]))
 
   def next_window(self, window: Window) -> Window:
     if self.resample:   # without walking from the first window again
       w = int(window.key[1]) + 1
-      shards = self.resampled_window(w)
-      return Window(("r", w), shards, window.start + window.size, int(self.counts[shards].sum()))
+      segments = self.resampled_window(w)
+      return Window(("r", w), segments, window.start + window.size, int((segments[:, 2] - segments[:, 1]).sum()))
     return self.window_at(window.start + window.size)
 
   def buffer_rng(self, window: Window) -> np.random.Generator:

@@ -255,6 +255,74 @@ class PermutedNoise:
                 derangement=self.derangement, n_captions=self.n)
 
 
+@functools.lru_cache(maxsize=8192)
+def _block_partners(n: int, ratio: float, seed: int, block: int, derangement: bool, b: int) -> np.ndarray:
+  lo = b * block
+  m = min(block, n - lo)
+  count = int(np.floor(ratio * (lo + m))) - int(np.floor(ratio * lo))   # the running totals telescope to floor(r n)
+  rng = np.random.Generator(np.random.PCG64([int(seed), int(b), BlockNoise.TAG]))
+  chosen = rng.permutation(m)[:count]
+  out = np.arange(m, dtype=np.int64)
+  if count:
+    out[chosen] = np.roll(chosen, 1) if derangement else chosen[rng.permutation(count)]
+  out.setflags(write=False)
+  return out + lo
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockNoise:
+  """NCR's caption-level protocol inside blocks of `block` consecutive ids — the noise of web data read in blocks
+  (input.web.read='block', ncjax.data.web_pipeline), where a caption's partner image comes from its own block, which
+  the reader fetches whole anyway: no request per noisy pair. Block b = ids [b K, min((b + 1) K, n)) gets
+  floor(r (b K + m)) - floor(r b K) noisy captions (m its length: exactly floor(r n) over the dataset, 25 or 26 of 64
+  at r = 0.4), chosen by a permutation drawn from (seed, b), their images permuted among themselves (a few keep
+  their own, as NCR's; derangement=True: a single cycle, every chosen caption changes image). A static function of
+  the id: the same pairs are noisy in every epoch, for any process count or read order."""
+  n: int
+  ratio: float
+  seed: int
+  block: int
+  derangement: bool = False
+
+  TAG = 0x626E6F69   # 'bnoi'
+
+  def __post_init__(self):
+    if not 0.0 <= self.ratio <= 1.0:
+      raise ValueError(f"noise ratio must be in [0, 1], got {self.ratio}")
+    if self.block < 1:
+      raise ValueError(f"noise block must be >= 1, got {self.block}")
+
+  @property
+  def num_noisy(self) -> int:
+    return int(np.floor(self.ratio * self.n))
+
+  def image_of(self, ids) -> np.ndarray:
+    """The pair whose image caption `ids` is shown with (always of the same block)."""
+    ids = np.asarray(ids, np.int64)
+    flat = ids.reshape(-1)
+    out = np.empty_like(flat)
+    blocks, within = np.divmod(flat, self.block)
+    for b in np.unique(blocks):
+      sel = blocks == b
+      out[sel] = _block_partners(self.n, float(self.ratio), int(self.seed), int(self.block), bool(self.derangement),
+                                 int(b))[within[sel]]
+    return out.reshape(ids.shape)
+
+  def clean(self, ids) -> np.ndarray:
+    return self.image_of(ids) == np.asarray(ids, np.int64)
+
+  @property
+  def sha256(self) -> str:
+    spec = f"block-caption-noise:v1:n={self.n}:ratio={self.ratio!r}:seed={self.seed}:block={self.block}:" \
+           f"derangement={bool(self.derangement)}"
+    return hashlib.sha256(spec.encode()).hexdigest()
+
+  @property
+  def spec(self) -> dict:
+    return dict(level="caption", protocol="block", ratio=self.ratio, seed=self.seed, block=self.block,
+                derangement=self.derangement, n_captions=self.n)
+
+
 def permuted_noise_from_config(noise_config, n: int) -> PermutedNoise | None:
   """`config.noise` over web-scale data of n pairs: caption_shuffle / image_shuffle as `PermutedNoise`; None for no
   noise or in-batch resampling; a noise file (an N-long index) is refused."""

@@ -16,12 +16,14 @@ metadata's count are ignored.
 
 Two ways to read (ncjax.data.web_pipeline):
 * streamed: nothing to build; shards are read front to back during training (see ncjax.data.mixture for the order).
-* indexed: `python -m ncjax.data.build --dataset=web --manual_dir=ROOT` scans every shard once, in parallel over
-  cores (and over hosts with --num_hosts/--host_index), and writes ROOT/_ncjax_index/: `offsets.npy` (the byte
-  offset of every sample in its shard: 4 bytes per pair, 8 for shards over 4 GiB), `clean.npy` (1 byte per pair,
-  only with a clean key) and `manifest.json` (shards, counts, region ends). Training memory-maps the offsets (the
-  page cache shares them between the processes of a host) and reads each example with one ranged read of its tar,
-  in an order from an on-demand global shuffle. The images stay where they are: no copy of the dataset.
+* indexed: `python -m ncjax.data.build --dataset=web --manual_dir=ROOT` scans every shard once and writes the
+  byte offset of every sample (ncjax.data.web_index); training reads runs of consecutive samples, or single ones,
+  with ranged reads (ncjax.data.store), in an order from on-demand permutations. The images stay where they are: no
+  copy of the dataset.
+
+Faults: a fault of the store (unreachable, overloaded) is retried and then stops the run; a missing or changed
+shard is one error naming it; only a record's own content (a cut member, an undecodable image, an empty or
+non-UTF-8 caption) makes a bad record, skipped and counted (ncjax.data.store).
 
 Nothing here holds an N-sized Python object: counts and offsets are numpy arrays (S-long in memory, N-long
 memory-mapped).
@@ -32,14 +34,11 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import functools
-import glob as globlib
-import hashlib
 import io
 import json
 import logging
 import os
-import posixpath
-import threading
+import time
 
 import numpy as np
 
@@ -48,12 +47,9 @@ from ncjax.data import readers
 
 log = logging.getLogger("ncjax")
 
-INDEX_DIRNAME = "_ncjax_index"
-INDEX_VERSION = 1
+INDEX_DIRNAME = "_ncjax_index"   # ncjax.data.web_index's; here for the readers of this module
 IMAGE_EXTENSIONS = readers.IMAGE_EXTENSIONS
 BLOCK = 512
-MISSING32 = np.iinfo(np.uint32).max
-MISSING64 = np.iinfo(np.uint64).max
 
 
 class CorruptShard(readers.DataFormatError):
@@ -203,10 +199,15 @@ class Sample:
 
 
 def make_sample(sample_id: int, key: str, parts: dict, caption_key: str = "caption") -> Sample:
+  """A Sample from a tar sample's members; a caption that is not valid UTF-8 makes it a bad record (its text would be
+  a guess: the record is skipped and counted, never trained on with replacement characters)."""
   image = next((parts[e] for e in IMAGE_EXTENSIONS if e in parts), None)
   meta = parts.get("json")
   if "txt" in parts:
-    caption = parts["txt"].decode("utf-8", errors="replace")
+    try:
+      caption = parts["txt"].decode("utf-8")
+    except UnicodeDecodeError:
+      return Sample(sample_id, key, image, None, meta, bad="the caption (.txt) is not valid UTF-8")
   else:
     caption = Sample(sample_id, meta=meta).json().get(caption_key) if meta else None
   return Sample(sample_id, key, image, caption, meta)
@@ -219,19 +220,11 @@ def _stem(tar_path: str) -> str:
   return tar_path[:-len(".tar")] if tar_path.endswith(".tar") else tar_path
 
 
-def list_shards(root: str) -> list[str]:
+def list_shards(root: str, policy=None) -> list[str]:
   """The tar shards under `root` (any depth), sorted; a missing or empty root raises with what is there."""
-  if fileio.is_remote(root):
-    import fsspec
-    fs, inner = fsspec.core.url_to_fs(root)
-    fs.invalidate_cache()
-    protocol = root.split("://", 1)[0]
-    # a recursive listing (fsspec's glob takes '**' only as a whole path component, and '**/*.tar' would miss
-    # tars directly under root in some versions); hidden names (.partial uploads) are not shards
-    found = sorted(f"{protocol}://{p}" for p in fs.find(inner.rstrip("/"))
-                   if p.endswith(".tar") and not posixpath.basename(p).startswith("."))
-  else:
-    found = sorted(globlib.glob(os.path.join(root, "**", "*.tar"), recursive=True))
+  from ncjax.data import store
+  found = [o.path for o in store.list_files(root, ".tar", policy)] if fileio.is_remote(root) or os.path.isdir(root) \
+      else []
   if not found:
     listing = readers._listing(root) if not fileio.is_remote(root) else f"{root} holds no .tar"
     raise readers.DataFormatError(f"no WebDataset shards (*.tar) under {root}: expected img2dataset's output "
@@ -239,28 +232,49 @@ def list_shards(root: str) -> list[str]:
   return found
 
 
-def metadata_count(tar_path: str) -> int | None:
-  """A shard's sample count from img2dataset's metadata: `_stats.json`'s successes, else the parquet's rows with
-  status 'success' (all rows when it has no status column); None when neither exists."""
-  stem = _stem(tar_path)
-  stats = stem + "_stats.json"
-  if fileio.exists(stats):
-    try:
-      value = json.loads(fileio.read_text(stats)).get("successes")
-      if value is not None:
-        return int(value)
-    except (ValueError, OSError):
-      pass
-  parquet = stem + ".parquet"
-  if fileio.exists(parquet):
-    import pyarrow.parquet as pq
+def _count_from_stats(data: bytes | None) -> int | None:
+  if data is None:
+    return None
+  try:
+    value = json.loads(data.decode("utf-8")).get("successes")
+  except (ValueError, UnicodeDecodeError, AttributeError):
+    return None
+  return None if value is None else int(value)
+
+
+def _count_from_parquet(tar_path: str) -> int | None:
+  parquet = _stem(tar_path) + ".parquet"
+  import pyarrow.parquet as pq
+  try:
     with fileio.open_file(parquet, "rb") as f:
       pf = pq.ParquetFile(f)
       if "status" not in pf.schema_arrow.names:
         return pf.metadata.num_rows
       status = pf.read(columns=["status"]).column("status").to_numpy(zero_copy_only=False)
-    return int(np.sum(status == "success"))
-  return None
+  except FileNotFoundError:
+    return None
+  return int(np.sum(status == "success"))
+
+
+def metadata_counts(tar_paths: list[str], policy=None, workers: int = 32) -> list[int | None]:
+  """Each shard's sample count from img2dataset's metadata — `_stats.json`'s successes, else the parquet's rows with
+  status 'success' (all rows without a status column), None when neither exists — read concurrently (one small
+  request per shard, `workers` in flight), transient store faults retried."""
+  from ncjax.data import store
+  policy = policy or store.RetryPolicy()
+  counts = [_count_from_stats(d) for d in store.read_many([_stem(p) + "_stats.json" for p in tar_paths], policy,
+                                                          workers)]
+  rest = [k for k, c in enumerate(counts) if c is None]
+  if rest:
+    with cf.ThreadPoolExecutor(min(workers, len(rest))) as pool:
+      found = pool.map(lambda k: policy.call(lambda: _count_from_parquet(tar_paths[k]), tar_paths[k]), rest)
+      for k, c in zip(rest, found):
+        counts[k] = c
+  return counts
+
+
+def metadata_count(tar_path: str) -> int | None:
+  return metadata_counts([tar_path])[0]
 
 
 def read_parquet_captions(tar_path: str, limit: int | None = None, caption_column: str = "caption") -> list[str]:
@@ -281,29 +295,28 @@ def read_parquet_captions(tar_path: str, limit: int | None = None, caption_colum
   return [c or "" for c in caps[:limit]]
 
 
-def _parallel(fn, items, workers: int):
-  if workers <= 1 or len(items) < 2:
-    return [fn(x) for x in items]
-  with cf.ThreadPoolExecutor(min(workers, len(items))) as pool:
-    return list(pool.map(fn, items))
-
-
 @dataclasses.dataclass
 class WebDataset:
   """One img2dataset output: its shards, per-shard sample counts and (when built) the index. ids are
-  `starts[s] + j` (see the module docstring)."""
+  `starts[s] + j` (see the module docstring). `versions`: each shard's version as listed (an object's generation),
+  pinned by the reads when the index recorded it."""
   root: str
   shards: list[str]
   counts: np.ndarray                    # int64 (S,)
   name: str = ""
-  index: "WebIndex | None" = None
+  index: "object | None" = None         # ncjax.data.web_index.WebIndex
   caption_key: str = "caption"
   clean_key: str = ""
+  versions: list = dataclasses.field(default_factory=list)
+  policy: "object | None" = None        # ncjax.data.store.RetryPolicy
 
   def __post_init__(self):
+    from ncjax.data import store
     self.counts = np.asarray(self.counts, np.int64)
     self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
     self.name = self.name or fileio.basename(self.root.rstrip("/"))
+    self.policy = self.policy or store.RetryPolicy()
+    self._reader = None
 
   @property
   def num_examples(self) -> int:
@@ -315,35 +328,76 @@ class WebDataset:
     shard = np.searchsorted(self.starts, ids, side="right") - 1
     return shard, ids - self.starts[shard]
 
+  def version_of(self, s: int) -> str:
+    return str(self.versions[s]) if self.versions and fileio.is_remote(self.shards[s]) else ""
+
   # -- streamed ---------------------------------------------------------------------------------------------------
-  def iter_shard(self, s: int):
-    """The samples of shard `s` in tar order, exactly counts[s] of them: missing ones (a short or corrupt tar, an
-    unreadable object) come out as bad Samples with their ids, extra ones are dropped."""
+  def iter_shard(self, s: int, first: int = 0, last: int | None = None):
+    """Samples [first, last) of shard `s` in tar order (all of them by default), exactly that many: missing ones (a
+    short or corrupt tar) come out as bad Samples with their ids, extra ones are dropped. A transient fault of the
+    store re-opens the object where the last whole sample ended (retried until the policy's deadline: then
+    StoreUnavailable); a missing object raises ShardMissing — store faults are never bad records."""
+    from ncjax.data import store
     base, n = int(self.starts[s]), int(self.counts[s])
-    j, error = 0, ""
-    try:
-      with fileio.open_sequential(self.shards[s]) as f:
-        for key, _, _, parts in iter_samples(f):
-          if j >= n:
-            log.warning("%s holds more samples than its metadata's %d: the rest are not read", self.shards[s], n)
-            break
-          yield make_sample(base + j, key, parts, self.caption_key)
-          j += 1
-    except (CorruptShard, OSError) as e:
-      error = f"{type(e).__name__}: {e}"
-    if j < n:
-      why = f"shard {self.shards[s]} ends after {j} of its {n} samples" + (f" ({error})" if error else "")
-      log.warning("%s: %d samples skipped", why, n - j)
-      for k in range(j, n):
+    last = n if last is None else min(int(last), n)
+    path, j, resume_at, error = self.shards[s], 0, 0, ""
+    first_failure, attempt = None, 0
+    while True:
+      began = time.monotonic()
+      try:
+        with fileio.open_sequential(path) as f:
+          if resume_at:
+            f.seek(resume_at)
+          for key, _, end, parts in iter_samples(f, start=resume_at):
+            if j >= n:
+              log.warning("%s holds more samples than its metadata's %d: the rest are not read", path, n)
+              break
+            resume_at = end
+            if j >= last:
+              break
+            if j >= first:
+              yield make_sample(base + j, key, parts, self.caption_key)
+            j += 1
+        break
+      except CorruptShard as e:
+        error = f"{type(e).__name__}: {e}"
+        break
+      except FileNotFoundError:
+        raise store.ShardMissing(f"{path} is not there (deleted or renamed after the dataset was listed)") from None
+      except Exception as e:  # noqa: BLE001 — a fault of the store: retried from the last whole sample
+        first_failure = began if first_failure is None else first_failure
+        time.sleep(self.policy.failed(path, e, first_failure, attempt))
+        attempt += 1
+    if j < last:
+      why = f"shard {path} ends after {j} of its {n} samples" + (f" ({error})" if error else "")
+      log.warning("%s: %d samples skipped", why, last - max(j, first))
+      for k in range(max(j, first), last):
         yield Sample(base + k, bad=why)
 
   # -- indexed ----------------------------------------------------------------------------------------------------
   def read(self, sample_id: int) -> Sample:
-    """Random access by global id (needs the index)."""
+    """Random access by global id (needs the index): one ranged read."""
+    return self.read_run(int(sample_id), int(sample_id) + 1)[0]
+
+  def read_run(self, first: int, last: int, reader=None) -> list[Sample]:
+    """Samples [first, last) by id (needs the index): one ranged read per shard the run touches."""
+    from ncjax.data import store
     if self.index is None:
       raise readers.DataFormatError(f"{self.root} has no index: build it with python -m ncjax.data.build "
                                     f"--dataset=web --manual_dir={self.root}")
-    return self.index.read(self, int(sample_id))
+    if reader is None:
+      self._reader = self._reader or store.RangeReader(self.policy)
+      reader = self._reader
+    runs = self.index.run_ranges(self, first, last)
+    data = reader.read([store.Range(self.shards[s], a, b, self.version_of(s)) for s, a, b, _, _ in runs])
+    out: dict[int, Sample] = {}
+    for (s, a, _, lo, n), raw in zip(runs, data):
+      out.update(parse_run(self, s, a, lo, n, raw))
+    return [out.get(i) or Sample(i, bad=self._missing_reason(i)) for i in range(first, last)]
+
+  def _missing_reason(self, sample_id: int) -> str:
+    s, k = self.locate(sample_id)
+    return f"sample {int(k)} of {self.shards[int(s)]} is missing from its tar (cut or corrupt)"
 
   def clean_flags(self, ids) -> np.ndarray | None:
     """The data's own clean flags of `ids` (a clean key in the .json, recorded by the index), None if unknown."""
@@ -359,246 +413,69 @@ class WebDataset:
     return True if value is None else bool(readers.clean_flag(value, f"{self.name}/{sample.key}"))
 
 
-def dataset_cache_key(path: str) -> str:
-  return hashlib.sha1(fileio.absolute(path).encode()).hexdigest()[:16]
+def parse_run(ds: WebDataset, s: int, start: int, first_id: int, n: int, data: bytes) -> dict[int, Sample]:
+  """The `n` samples starting at id `first_id` from the bytes of shard `s` read from byte `start`: each must begin
+  where the index says (else the shard is not the one indexed: ShardChanged); a member cut or corrupt makes the
+  rest of the run bad records (the data's own fault)."""
+  from ncjax.data import store
+  out: dict[int, Sample] = {}
+  offsets = ds.index.offsets
+  k = 0
+  try:
+    for key, begin, _, parts in iter_samples(io.BytesIO(data)):
+      if k >= n:
+        break
+      sid = first_id + k
+      if start + begin != int(offsets[sid]):
+        raise store.ShardChanged(f"{ds.shards[s]}: sample {sid - int(ds.starts[s])} begins at byte {start + begin}, "
+                                 f"the index says {int(offsets[sid])}: the shard is not the one indexed; rebuild the "
+                                 f"index")
+      out[sid] = make_sample(sid, key, parts, ds.caption_key)
+      k += 1
+  except CorruptShard as e:
+    for sid in range(first_id + k, first_id + n):
+      out[sid] = Sample(sid, bad=f"{ds.shards[s]} at byte {start}: {type(e).__name__}: {e}")
+  for sid in range(first_id + k, first_id + n):
+    out.setdefault(sid, Sample(sid, bad=f"{ds.shards[s]} at byte {start}: fewer samples than the index has"))
+  return out
 
 
 def open_dataset(root: str, *, index_dir: str = "", use_index: bool = True, caption_key: str = "caption",
-                 clean_key: str = "", cache_dir: str = "", workers: int = 16) -> WebDataset:
-  """An img2dataset output at `root` (local or gs://): its built index when there is one (and use_index; without
-  use_index its manifest still gives the shards and counts), else
-  its shards and their metadata counts (read in parallel: one small file per shard)."""
-  index_dir = index_dir or fileio.join(root, INDEX_DIRNAME)
-  manifest_path = fileio.join(index_dir, "manifest.json")
-  if fileio.isfile(manifest_path):
-    index = WebIndex.open(index_dir, cache_dir) if use_index else None
-    manifest = index.manifest if index is not None else json.loads(fileio.read_text(manifest_path))
+                 clean_key: str = "", cache_dir: str = "", workers: int = 32, policy=None,
+                 check: bool = True) -> WebDataset:
+  """An img2dataset output at `root` (local or gs://). With a built index (and use_index), the index (its shards
+  checked against one listing: a missing or changed shard is one error naming it); without use_index its manifest
+  still gives the shards and counts (one read). Else one listing and the shards' metadata counts, read
+  concurrently."""
+  from ncjax.data import store, web_index
+  policy = policy or store.RetryPolicy()
+  index_dir = web_index.index_dir_of(root, index_dir)
+  manifest = policy.call(lambda: web_index.read_manifest(index_dir), index_dir)
+  if manifest is not None and manifest.get("version") != web_index.INDEX_VERSION and not use_index:
+    manifest = None   # an old index: streaming lists the shards itself
+  if manifest is not None:
+    index = web_index.WebIndex.open(index_dir, cache_dir, policy) if use_index else None
     shards = [fileio.join(root, rel) for rel in manifest["shards"]]
+    versions = list(manifest.get("versions", []))
+    if index is not None and check:
+      web_index.check_shards(root, manifest, policy)
     if manifest.get("clean_key") and not clean_key:
       clean_key = manifest["clean_key"]
-    # streamed (use_index=False), a built index still gives the shard list and the counts
-    return WebDataset(root, shards, manifest["counts"], index=index, caption_key=caption_key, clean_key=clean_key)
-  shards = list_shards(root)
-  counts = _parallel(metadata_count, shards, workers)
+    return WebDataset(root, shards, manifest["counts"], index=index, caption_key=caption_key, clean_key=clean_key,
+                      versions=versions, policy=policy)
+  infos = store.list_files(root, ".tar", policy) if fileio.is_remote(root) or os.path.isdir(root) else []
+  if not infos:
+    list_shards(root)   # raises with what is there
+  shards = [o.path for o in infos]
+  counts = metadata_counts(shards, policy, workers)
   missing = [s for s, c in zip(shards, counts) if c is None]
   if missing:
     raise readers.DataFormatError(
         f"{len(missing)} of {len(shards)} shards under {root} have neither a parquet nor a _stats.json (e.g. "
         f"{missing[0]}), so their sample counts are unknown without reading them: build the index once "
         f"(python -m ncjax.data.build --dataset=web --manual_dir={root}), which counts them")
-  return WebDataset(root, shards, counts, caption_key=caption_key, clean_key=clean_key)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The index: built once, in parallel, each shard read once
-# ---------------------------------------------------------------------------------------------------------------
-def _relative(root: str, path: str) -> str:
-  root = root.rstrip("/") + "/"
-  return path[len(root):] if path.startswith(root) else os.path.relpath(path, root)
-
-
-def scan_shard(task) -> dict:
-  """One shard's sample offsets (first header byte of each sample), its region end and, with a clean key, the
-  clean flags; only headers and the small .json members are read from a local file (images are skipped by
-  seeking), a gs:// object is read front to back once."""
-  path, expected, clean_key = task
-  offsets, ends, clean, error = [], [], [], ""
-  want = {"json"} if clean_key else set()
-  size = None
-  try:
-    with fileio.open_sequential(path) as f:
-      size = f.seek(0, 2)
-      f.seek(0)
-      for key, begin, sample_end, parts in iter_samples(f, want):
-        if expected is not None and len(offsets) >= expected:
-          break
-        offsets.append(begin)
-        ends.append(sample_end)
-        if clean_key:
-          value = Sample(0, meta=parts.get("json")).json().get(clean_key)
-          clean.append(1 if value is None else readers.clean_flag(value, f"{path}/{key}"))
-  except (CorruptShard, OSError) as e:
-    error = f"{type(e).__name__}: {e}"
-  # Images are skipped by seeking, which does not notice a file cut short: keep the samples that end inside it.
-  whole = int(np.searchsorted(np.asarray(ends, np.int64), size, side="right")) if size is not None else 0
-  if whole < len(offsets):
-    error = error or f"the tar is cut short at byte {size}"
-  return dict(path=path, offsets=np.asarray(offsets[:whole], np.uint64), end=int(ends[whole - 1]) if whole else 0,
-              clean=np.asarray(clean[:whole], np.uint8), expected=expected, error=error)
-
-
-def _part_path(index_dir: str, s: int) -> str:
-  return fileio.join(index_dir, "parts", f"{s:07d}.npz")
-
-
-def build_index(root: str, *, index_dir: str = "", workers: int = 0, num_hosts: int = 1, host_index: int = 0,
-                clean_key: str = "", merge: bool | None = None, progress=None) -> dict | None:
-  """Index the shards of `root`: host `host_index` of `num_hosts` scans shards host_index::num_hosts with
-  `workers` processes (0: one per usable core), writing one part per shard (a part already written is kept, so
-  an interrupted build continues); `merge` (default: on a single host) joins the parts into offsets.npy,
-  clean.npy and manifest.json. Returns the manifest when merged."""
-  from ncjax.data.sources import usable_cores
-  index_dir = index_dir or fileio.join(root, INDEX_DIRNAME)
-  shards = list_shards(root)
-  counts = _parallel(metadata_count, shards, 16)
-  mine = [s for s in range(len(shards)) if s % num_hosts == host_index
-          and not fileio.exists(_part_path(index_dir, s))]
-  workers = workers or usable_cores()
-  tasks = [(shards[s], counts[s], clean_key) for s in mine]
-  done = 0
-
-  def save(s, result):
-    fileio.save_npz(_part_path(index_dir, s), offsets=result["offsets"], end=np.int64(result["end"]),
-                    clean=result["clean"], expected=np.int64(-1 if result["expected"] is None else result["expected"]),
-                    error=np.asarray(result["error"]))
-
-  if workers > 1 and len(tasks) > 1:
-    import multiprocessing
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
-      for s, result in zip(mine, pool.imap(scan_shard, tasks, chunksize=1)):
-        save(s, result)
-        done += 1
-        if progress:
-          progress(done, len(tasks))
-  else:
-    for s, task in zip(mine, tasks):
-      save(s, scan_shard(task))
-      done += 1
-      if progress:
-        progress(done, len(tasks))
-  if merge is None:
-    merge = num_hosts == 1
-  return merge_index(root, index_dir, shards, clean_key) if merge else None
-
-
-def merge_index(root: str, index_dir: str, shards: list[str] | None = None, clean_key: str = "") -> dict:
-  """Join the per-shard parts (every host's) into the index files; raises naming the shards not yet scanned."""
-  shards = shards or list_shards(root)
-  missing = [s for s in range(len(shards)) if not fileio.exists(_part_path(index_dir, s))]
-  if missing:
-    raise readers.DataFormatError(f"{len(missing)} shards of {root} are not indexed yet (e.g. {shards[missing[0]]}):"
-                                  f" run the build on every host (--num_hosts/--host_index) before --merge")
-  parts = [fileio.load_npz(_part_path(index_dir, s)) for s in range(len(shards))]
-  counts, ends, errors, offsets, cleans = [], [], {}, [], []
-  for s, part in enumerate(parts):
-    got = part["offsets"]
-    expected = int(part["expected"])
-    n = expected if expected >= 0 else len(got)
-    counts.append(n)
-    ends.append(int(part["end"]))
-    err = str(part["error"])
-    if err or len(got) < n:
-      errors[_relative(root, shards[s])] = err or f"{len(got)} of {n} samples in the tar"
-    offsets.append(got[:n])
-    if clean_key:
-      flags = np.ones(n, np.uint8)
-      flags[:len(part["clean"])] = part["clean"][:n]
-      cleans.append(flags)
-  wide = max(ends, default=0) >= MISSING32
-  dtype, missing_value = (np.uint64, MISSING64) if wide else (np.uint32, MISSING32)
-  total = int(sum(counts))
-  flat = np.full(total, missing_value, dtype)
-  pos = 0
-  for n, got in zip(counts, offsets):
-    flat[pos:pos + len(got)] = got
-    pos += n
-  fileio.makedirs(index_dir)
-  _save_npy(fileio.join(index_dir, "offsets.npy"), flat)
-  if clean_key:
-    _save_npy(fileio.join(index_dir, "clean.npy"), np.concatenate(cleans) if cleans else np.zeros(0, np.uint8))
-  manifest = dict(version=INDEX_VERSION, shards=[_relative(root, p) for p in shards], counts=counts, ends=ends,
-                  offsets_dtype=np.dtype(dtype).name, clean_key=clean_key, num_examples=total, bad_shards=errors)
-  fileio.write_text(fileio.join(index_dir, "manifest.json"), json.dumps(manifest))
-  for s in range(len(shards)):
-    fileio.remove(_part_path(index_dir, s))
-  return manifest
-
-
-def _save_npy(path: str, array: np.ndarray) -> None:
-  if fileio.is_remote(path):
-    buf = io.BytesIO()
-    np.save(buf, array)
-    fileio.write_bytes(path, buf.getvalue())
-  else:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-      np.save(f, array)
-    os.replace(tmp, path)
-
-
-class ShardFiles:
-  """Open shards for ranged reads, at most `limit` at once (least recently used closed first): os.pread on a
-  local file (thread-safe, no seek), an fsspec ranged read on gs://."""
-
-  def __init__(self, limit: int = 256):
-    self.limit, self.lock, self.open = limit, threading.Lock(), {}
-
-  def read(self, path: str, start: int, end: int) -> bytes:
-    if fileio.is_remote(path):
-      import fsspec
-      fs, inner = fsspec.core.url_to_fs(path)
-      return fs.cat_file(inner, start=start, end=end)
-    with self.lock:
-      fd = self.open.pop(path, None)
-      if fd is None:
-        fd = os.open(path, os.O_RDONLY)
-        while len(self.open) >= self.limit:
-          os.close(self.open.pop(next(iter(self.open))))
-      self.open[path] = fd   # most recently used last
-    return os.pread(fd, end - start, start)
-
-
-class WebIndex:
-  """A built index, memory-mapped (`offsets`, `clean`); a gs:// index is copied once into a local cache."""
-
-  def __init__(self, index_dir: str, local_dir: str):
-    self.index_dir = index_dir
-    with open(os.path.join(local_dir, "manifest.json"), encoding="utf-8") as f:
-      self.manifest = json.load(f)
-    if self.manifest.get("version") != INDEX_VERSION:
-      raise readers.DataFormatError(f"{index_dir}: index version {self.manifest.get('version')}, this ncjax reads "
-                                    f"{INDEX_VERSION}: rebuild it")
-    self.offsets = np.load(os.path.join(local_dir, "offsets.npy"), mmap_mode="r")
-    clean = os.path.join(local_dir, "clean.npy")
-    self.clean = np.load(clean, mmap_mode="r") if os.path.isfile(clean) else None
-    self.ends = np.asarray(self.manifest["ends"], np.int64)
-    self.missing = np.iinfo(self.offsets.dtype).max
-    self.files = ShardFiles()
-
-  @classmethod
-  def open(cls, index_dir: str, cache_dir: str = "") -> "WebIndex":
-    if not fileio.is_remote(index_dir):
-      return cls(index_dir, index_dir)
-    local = os.path.join(cache_dir or os.path.expanduser("~/.cache/ncjax/web"), dataset_cache_key(index_dir))
-    names = ["manifest.json", "offsets.npy", "clean.npy"]
-    if not os.path.isfile(os.path.join(local, "manifest.json")) or \
-        fileio.read_bytes(fileio.join(index_dir, "manifest.json")) != open(
-            os.path.join(local, "manifest.json"), "rb").read():
-      os.makedirs(local, exist_ok=True)
-      for name in names[1:] + names[:1]:   # the manifest last: its presence says the copy is whole
-        src = fileio.join(index_dir, name)
-        if fileio.exists(src):
-          fileio.copy_file(src, os.path.join(local, name))
-    return cls(index_dir, local)
-
-  def read(self, ds: WebDataset, sample_id: int) -> Sample:
-    s = int(np.searchsorted(ds.starts, sample_id, side="right") - 1)
-    start = int(self.offsets[sample_id])
-    if start == self.missing:
-      return Sample(sample_id, bad=f"sample {sample_id - ds.starts[s]} of {ds.shards[s]} is missing from its tar")
-    last = sample_id + 1 >= ds.starts[s + 1]
-    end = int(self.ends[s]) if last else int(self.offsets[sample_id + 1])
-    if end == self.missing:
-      end = int(self.ends[s])
-    try:
-      data = self.files.read(ds.shards[s], start, end)
-      got = list(iter_samples(io.BytesIO(data)))
-    except (CorruptShard, OSError) as e:
-      return Sample(sample_id, bad=f"{ds.shards[s]} at byte {start}: {type(e).__name__}: {e}")
-    if len(got) != 1:
-      return Sample(sample_id, bad=f"{ds.shards[s]} at byte {start}: {len(got)} samples where the index has one")
-    key, _, _, parts = got[0]
-    return make_sample(sample_id, key, parts, ds.caption_key)
+  return WebDataset(root, shards, counts, caption_key=caption_key, clean_key=clean_key,
+                    versions=[o.version for o in infos], policy=policy)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,47 +1,61 @@
 """Training input from img2dataset output at any size (`input.dataset='web:ROOT'`, mixtures 'web:A::B'): global
-batches keyed by stable example ids, in an order that is a pure function of (seed, step), with host memory per
-process independent of the dataset size.
+batches keyed by stable example ids, in an order that is a pure function of (seed, step) for a given process count,
+with host memory per process independent of the dataset size, read at the rate a pod consumes it from local disk or
+an object store.
 
 Datasets. `web:ROOT[::ROOT2::...]` (open_clip's `--train-data 'a::b'`), each an img2dataset webdataset output
 (ncjax.data.web); with several, `input.web.weights='w1::w2'` (open_clip's --train-data-upsampling-factors: relative
 weights, default each dataset's size) sets the mixture. Dataset d's pair j has the global id offsets[d] + j with its
-id j as ncjax.data.web defines it (shard order, then tar order): the same in both modes below.
+id j as ncjax.data.web defines it (shard order, then tar order): the same in every mode below.
 
-Modes (`input.web.mode`):
-* 'index' (default when every dataset has its index: python -m ncjax.data.build --dataset=web --manual_dir=ROOT):
-  a global shuffle per epoch of each dataset (an on-demand Feistel permutation, ncjax.data.permutation), the global
-  batch of step s being positions [s B, (s + 1) B) of ncjax.data.mixture's stream 0, the same for any process count;
-  process p reads only its contiguous part (one ranged read per pair). Static injected noise (NCR's caption shuffle)
-  needs this mode: caption i is shown with the image of another pair (`noise.PermutedNoise`, no N-long array).
-* 'stream': nothing built; process p streams its own shards (every P-th of each epoch's shard permutation, or
-  shards drawn with replacement with input.web.resample=True, open_clip's --dataset-resampled) through windows of
-  `input.web.window` shards read interleaved and a shuffle buffer of `input.web.buffer` pairs (ncjax.data.mixture).
-  Its part of the global batch is positions [s b, (s + 1) b) of its own stream; resume re-reads the current window.
+Modes (`input.web.mode`) and, indexed, how the index is read (`input.web.read`):
+* 'index' + read 'pair' (the default on local disk): a global shuffle per epoch of each dataset (an on-demand
+  permutation), the global batch of step s being positions [s B, (s + 1) B) of ncjax.data.mixture's stream 0 — the
+  same for any process count; process p reads its contiguous part, one ranged read per pair, all of a step's reads
+  (and the next steps') in flight at once. Injected noise (`noise.PermutedNoise`) shows a caption with any other
+  pair's image: one more read per noisy pair, in the same flight.
+* 'index' + read 'block' (the default when a dataset is on an object store): the same positions, but dataset d's
+  epoch lists its pairs as blocks of `input.web.block` consecutive ids in a permuted block order
+  (mixture.BlockOrder). Steps are grouped into windows of G = ceil(input.web.shuffle_pairs / b) steps (b the
+  per-process batch); process p reads its contiguous share of the window's positions — a few dozen whole blocks,
+  one ranged request each, the next window's requests in flight while this one trains — and shuffles that share
+  (a permutation drawn from (seed, window, p, P)) into its G local batches. Every epoch is still each pair once;
+  a batch holds on average K b / (G b) = K / G pairs of one block (64 / 16 = 4 at the defaults with b = 256).
+  Requests per pair: 1 / K (plus two per window at the share's edges). The order depends on the process count.
+  Injected noise is `noise.BlockNoise`: a caption's partner image comes from its own block, which is read anyway.
+* 'stream': nothing built; process p streams its own share of each epoch (ncjax.data.mixture: an exact partition of
+  the epoch's shard list by sample counts, every pair read once per epoch over the processes) through windows of
+  `input.web.window` shard segments read interleaved and a shuffle buffer of `input.web.buffer` pairs. Injected
+  static noise needs an index; `in_batch_resample` works in every mode.
+Nothing is restored but the step: resume is bitwise. A resume whose process count, mode, read, block, window,
+buffer, weights or mixture block differ where the order depends on them is refused with one line (`check_resume`).
+An epoch is sum N_d // B steps (with a mixture, `num_epochs` counts passes over that many pairs, whatever the
+weights).
 
-Either way nothing is restored but the step: resume is bitwise. An epoch is sum N_d // B steps (with a mixture,
-`num_epochs` counts passes over that many pairs, whatever the weights).
+Pipeline, three stages connected by bounded queues: a fetch thread submits the ranged reads of the next units (a
+step, or a window) to ncjax.data.store.RangeReader — `input.web.max_inflight` requests at once — and turns the bytes
+into `ExampleSpec`s (tar members parsed, the noise partner looked up per batch); a decode thread hands each step's
+specs to the decoder (ncjax.data.web_decode: `input.num_threads` threads, or `input.web.workers` processes writing
+into shared memory) and assembles the host batch; the training loop takes finished batches, `input.prefetch` ahead.
 
-Per example: the pair's record is read, its caption tokenised (as read: there is no caption table), its image
-decoded, randomly resized-cropped from `streams.crop_rng(seed, step, j)` (j its global position in the batch) and
-normalised, on `input.num_threads` threads, `input.prefetch` batches ahead.
+Faults (ncjax.data.store). A fault of the store is retried with backoff for `input.web.io_deadline_s` seconds, then
+stops the run with one line (its last checkpoint intact); a missing or changed shard is one error naming it. Only a
+record's own content (a sample missing from a cut tar, an image that does not decode, an empty or non-UTF-8
+caption) makes a bad record: it is counted in `input/skipped_records`, and its slot takes the next usable pair of
+this process's part of the batch (a repeat); input.on_bad_record='raise' raises with the id instead.
 
-Bad records (a sample missing from a cut or corrupt tar, an image that does not decode, an empty caption) are
-skipped and counted in `input/skipped_records`: in index mode the next pair of its dataset (id + 1, + 2, ...) takes
-its place, as on the small-data path (ncjax.data.pipeline); in stream mode, where there is no random access, the
-next usable pair of this process's part of the batch (a repeat). input.on_bad_record='raise' raises with the id.
-
-Memory per process: the datasets' per-shard counts (S-long), the memory-mapped index (4 bytes per pair, shared
-through the page cache), the prefetched batches and, streamed, one window's shuffle buffer. The mixture's
-composition (each dataset's exact share) is logged at start-up and written with every checkpoint's iterator state.
+Memory per process: the datasets' per-shard counts (S-long), the memory-mapped index (4 bytes per pair, one copy per
+host in the page cache), the bytes of at most two windows (block read) or `prefetch` + 2 steps (pair read), the
+prefetched batches and, streamed, one window's shuffle buffer. The mixture's composition (each dataset's exact
+share) is logged at start-up and written with every checkpoint's iterator state.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import collections
 import dataclasses
-import functools
-import io
 import logging
+import math
 import queue
 import threading
 
@@ -51,15 +65,24 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ncjax import fileio
 from ncjax.data import mixture as mix_lib
-from ncjax.data import preprocess, readers, streams, web
-from ncjax.data.noise import PermutedNoise, permuted_noise_from_config
+from ncjax.data import store, web, web_decode
+from ncjax.data.noise import BlockNoise, PermutedNoise, permuted_noise_from_config
 from ncjax.data.pipeline import HOST_ONLY_PREFIX, BadRecordError, batch_axes, check_batch_divisible
 
 log = logging.getLogger("ncjax")
 
 PREFIX = "web:"
 MODES = ("auto", "index", "stream")
+READS = ("auto", "pair", "block")
 DECODERS = ("pil", "simplejpeg")
+WINDOW_TAG = 0x77696E64   # 'wind'
+
+
+# input.web with its defaults (config_lib's section lists the same keys: tests/test_config.py checks they agree)
+WEB_DEFAULTS = dict(mode="auto", read="auto", block=64, shuffle_pairs=4096, weights="", resample=False, window=8,
+                    buffer=2048, mix_block=1000, caption_key="caption", clean_key="", cache_dir="",
+                    vocab_captions=200_000, max_vocab=65_536, decoder="pil", workers=0, max_inflight=64,
+                    io_deadline_s=store.DEFAULT_DEADLINE_S)
 
 
 def is_web(dataset: str) -> bool:
@@ -101,8 +124,7 @@ def parse_weights(weights, n: int, sizes) -> tuple[float, ...]:
 
 def web_settings(input_config) -> dict:
   """input.web with its defaults (a config without the section reads as all defaults)."""
-  out = dict(mode="auto", weights="", resample=False, window=8, buffer=2048, mix_block=1000, caption_key="caption",
-             clean_key="", cache_dir="", vocab_captions=200_000, max_vocab=65_536, decoder="pil")
+  out = dict(WEB_DEFAULTS)
   given = input_config.get("web", None)
   if given is not None:
     unknown = set(given.keys()) - set(out)
@@ -111,6 +133,8 @@ def web_settings(input_config) -> dict:
     out.update({k: given[k] for k in given.keys()})
   if out["mode"] not in MODES:
     raise ValueError(f"input.web.mode must be one of {MODES}, got {out['mode']!r}")
+  if out["read"] not in READS:
+    raise ValueError(f"input.web.read must be one of {READS}, got {out['read']!r}")
   if out["decoder"] not in DECODERS:
     raise ValueError(f"input.web.decoder must be one of {DECODERS}, got {out['decoder']!r}")
   return out
@@ -120,8 +144,10 @@ def open_datasets(input_config) -> tuple[list[web.WebDataset], dict]:
   settings = web_settings(input_config)
   roots = parse_roots(input_config.dataset)
   use_index = settings["mode"] != "stream"
+  policy = store.RetryPolicy(deadline_s=float(settings["io_deadline_s"]))
   datasets = [web.open_dataset(r, use_index=use_index, caption_key=settings["caption_key"],
-                               clean_key=settings["clean_key"], cache_dir=settings["cache_dir"]) for r in roots]
+                               clean_key=settings["clean_key"], cache_dir=settings["cache_dir"], policy=policy)
+              for r in roots]
   return datasets, settings
 
 
@@ -163,54 +189,6 @@ def web_tokenizer(kind: str, context_length: int, input_config, datasets, saved:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# per-example work: decode, crop, normalise, tokenise
-# ---------------------------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=8)
-def _normalization_table(normalization: str) -> np.ndarray:
-  """(3, 256) float32: preprocess.normalize of every uint8 value per channel (the same float32 arithmetic)."""
-  return np.ascontiguousarray(preprocess.normalize(np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, 1),
-                                                   normalization).T)
-
-
-def normalize(pixels: np.ndarray, normalization: str) -> np.ndarray:
-  """preprocess.normalize, bitwise, as one table look-up per channel (about twice as fast at 224 px)."""
-  table = _normalization_table(normalization)
-  return np.stack([np.take(table[k], pixels[..., k]) for k in range(3)], axis=-1)
-
-
-def decode_train(data: bytes, size: int, rng: np.random.Generator, normalization: str, scale,
-                 decoder: str = "pil") -> np.ndarray:
-  """JPEG/PNG bytes -> the random resized crop at size x size, normalised (train_transform without the array round
-  trip; PIL's draft mode lets the JPEG decoder scale down by 2/4/8 when the crop allows). decoder='simplejpeg'
-  decodes JPEGs with simplejpeg (pip install ncjax[web]; about 4x PIL's JPEG decode here, benchmarks/web_data.py):
-  its pixels may differ from PIL's by a level, so a run keeps one decoder."""
-  from PIL import Image
-  if decoder == "simplejpeg" and data[:2] == b"\xff\xd8":
-    import simplejpeg
-    px = simplejpeg.decode_jpeg(data, colorspace="RGB")
-    left, top, cw, ch = preprocess.random_resized_crop_box(rng, px.shape[1], px.shape[0], scale)
-    img = Image.fromarray(px).resize((size, size), Image.BICUBIC, box=(left, top, left + cw, top + ch))
-    return normalize(np.asarray(img), normalization)
-  with Image.open(io.BytesIO(data)) as im:
-    w, h = im.size
-    left, top, cw, ch = preprocess.random_resized_crop_box(rng, w, h, scale)
-    factor = min(cw, ch) // size
-    if im.format == "JPEG" and factor >= 2:
-      im.draft("RGB", (max(1, w // factor), max(1, h // factor)))
-      sx, sy = im.size[0] / w, im.size[1] / h
-      left, top, cw, ch = left * sx, top * sy, cw * sx, ch * sy
-    img = im.convert("RGB")
-    img = img.resize((size, size), Image.BICUBIC, box=(left, top, left + cw, top + ch))
-  return normalize(np.asarray(img), normalization)
-
-
-def decode_eval(data: bytes, size: int, normalization: str) -> np.ndarray:
-  from PIL import Image
-  with Image.open(io.BytesIO(data)) as im:
-    return preprocess.eval_transform(im.convert("RGB"), size, normalization)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # streamed reading
 # ---------------------------------------------------------------------------------------------------------------
 class StreamReader:
@@ -222,7 +200,7 @@ class StreamReader:
     self.window, self.it, self.next = None, None, 0
 
   def _open(self, window):
-    shards = [self.ds.iter_shard(int(s)) for s in window.shards]
+    shards = [self.ds.iter_shard(int(s), int(a), int(b)) for s, a, b in window.segments]
     self.window = window
     self.it = mix_lib.buffer_shuffle(mix_lib.interleave(shards), self.buffer, self.schedule.buffer_rng(window))
     self.next = window.start
@@ -243,18 +221,33 @@ class StreamReader:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the training input
+# units of reading: the ranged reads of some steps, and how their bytes become those steps' examples
 # ---------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Unit:
+  """Steps `steps` of this process: the ranged reads they need (`ranges`, submitted ahead) and `build(raw)`, which
+  turns the bytes read into each step's list of ExampleSpecs."""
+  steps: list
+  ranges: list
+  build: object
+
+
+class _Stop(Exception):
+  pass
+
+
 class WebTrainData:
   """Global batches of web-scale training pairs (the interface of ncjax.data.pipeline.TrainData that the trainer
-  uses: batches, iterator_state, num_examples, steps_per_epoch, noise_sha256, pairs)."""
+  uses: batches, iterator_state, check_resume, num_examples, steps_per_epoch, noise_sha256, pairs)."""
 
   def __init__(self, datasets: list[web.WebDataset], tokenizer, global_batch_size: int, seed: int, mesh=None, *,
-               mode: str = "auto", weights=(), resample: bool = False, window: int = 8, buffer: int = 2048,
-               mix_block: int = 1000, noise: PermutedNoise | None = None, image_size: int = 224,
-               normalization: str = "openai", augment: bool = True, crop_scale=(0.9, 1.0),
-               on_bad_record: str = "skip", num_threads: int = 8, prefetch: int = 4, decoder: str = "pil",
-               process_index: int | None = None, process_count: int | None = None):
+               mode: str = "auto", read: str = "auto", block: int = 64, shuffle_pairs: int = 4096, weights=(),
+               resample: bool = False, window: int = 8, buffer: int = 2048, mix_block: int = 1000,
+               noise: PermutedNoise | BlockNoise | None = None, image_size: int = 224, normalization: str = "openai",
+               augment: bool = True, crop_scale=(0.9, 1.0), on_bad_record: str = "skip", num_threads: int = 8,
+               prefetch: int = 4, decoder: str = "pil", workers: int = 0, max_inflight: int = 64,
+               io_deadline_s: float = store.DEFAULT_DEADLINE_S, process_index: int | None = None,
+               process_count: int | None = None):
     self.process_index = jax.process_index() if process_index is None else int(process_index)
     self.process_count = jax.process_count() if process_count is None else int(process_count)
     if mesh is not None:
@@ -274,6 +267,8 @@ class WebTrainData:
     indexed = all(d.index is not None for d in self.datasets)
     if mode == "auto":
       mode = "index" if indexed else "stream"
+    if mode not in ("index", "stream"):
+      raise ValueError(f"input.web.mode must be one of {MODES}, got {mode!r}")
     if mode == "index" and not indexed:
       missing = [d.root for d in self.datasets if d.index is None]
       raise ValueError(f"input.web.mode='index' but {missing[0]} has no index: python -m ncjax.data.build "
@@ -283,17 +278,25 @@ class WebTrainData:
                        "another pair's image, which needs random access: index the data (python -m "
                        "ncjax.data.build --dataset=web --manual_dir=ROOT) and use input.web.mode='index', or use "
                        "noise.kind='in_batch_resample'")
-    self.mode = mode
+    if read not in READS:
+      raise ValueError(f"input.web.read must be one of {READS}, got {read!r}")
+    if read == "auto":
+      read = "block" if any(fileio.is_remote(d.root) for d in self.datasets) else "pair"
+    self.mode, self.read = mode, (read if mode == "index" else "")
     self.global_batch_size, self.seed, self.mesh = int(global_batch_size), int(seed), mesh
     self.local_batch_size = self.global_batch_size // self.process_count
     self.steps_per_epoch = self.num_examples // self.global_batch_size
     self.weights = parse_weights(weights, len(self.datasets), self.sizes)
     self.mixture = mix_lib.Mixture(self.weights, int(mix_block) if len(self.datasets) > 1 else 1, self.seed)
+    self.block = max(1, int(block))
+    self.steps_per_window = max(1, math.ceil(int(shuffle_pairs) / self.local_batch_size)) \
+        if self.read == "block" else 1
+    if self.read == "block" and isinstance(noise, PermutedNoise):
+      noise = BlockNoise(noise.n, noise.ratio, noise.seed, self.block, noise.derangement)
+    if self.read == "pair" and isinstance(noise, BlockNoise):
+      raise ValueError("block noise (a partner image from the same block) goes with input.web.read='block'")
     self.noise = noise
     self.noise_sha256 = None if noise is None else noise.sha256
-    self.image_size, self.normalization = int(image_size), normalization
-    self.augment, self.crop_scale, self.on_bad_record = augment, tuple(crop_scale), on_bad_record
-    self.num_threads, self.prefetch = max(1, int(num_threads)), max(1, int(prefetch))
     if decoder not in DECODERS:
       raise ValueError(f"input.web.decoder must be one of {DECODERS}, got {decoder!r}")
     if decoder == "simplejpeg":
@@ -301,42 +304,67 @@ class WebTrainData:
         import simplejpeg  # noqa: F401
       except ImportError as e:
         raise ValueError("input.web.decoder='simplejpeg' needs simplejpeg: pip install 'ncjax[web]'") from e
-    self.decoder = decoder
+    self.settings = web_decode.DecodeSettings(int(image_size), normalization, bool(augment), tuple(crop_scale),
+                                              decoder, "")
+    self.on_bad_record = on_bad_record
+    self.num_threads, self.prefetch = max(1, int(num_threads)), max(1, int(prefetch))
+    self.workers = web_decode.usable_workers(workers)
+    self.policy = store.RetryPolicy(deadline_s=float(io_deadline_s))
+    for ds in self.datasets:
+      ds.policy = self.policy
+    self.max_inflight = max(1, int(max_inflight))
     self.sharding = None if mesh is None else NamedSharding(mesh, P(batch_axes(mesh)))
     if mode == "index":
-      self.perms = [mix_lib.EpochPermutations(n, self.seed, d) for d, n in enumerate(self.sizes)]
+      self.orders = [mix_lib.BlockOrder(n, self.block, self.seed, d) if self.read == "block" else
+                     mix_lib.EpochPermutations(n, self.seed, d) for d, n in enumerate(self.sizes)]
     else:
       self.readers = [StreamReader(ds, mix_lib.ShardSchedule(ds.counts, self.seed, d, self.process_index,
                                                              self.process_count, window, resample), buffer)
                       for d, ds in enumerate(self.datasets)]
     self.resample, self.window, self.buffer = bool(resample), int(window), int(buffer)
+    self.shuffle_pairs = int(shuffle_pairs)
+    self.last_reads = dict(requests=0, bytes=0)
     share = self.mixture.counts / self.mixture.counts.sum()
-    log.info("web data (%s): %s", mode, ", ".join(
+    how = mode if mode == "stream" else f"index, {self.read} reads" + (
+        f" (blocks of {self.block}, {self.steps_per_window} steps per window)" if self.read == "block" else "")
+    log.info("web data (%s): %s", how, ", ".join(
         f"{ds.name} {n} pairs {100 * s:.2f}%" for ds, n, s in zip(self.datasets, self.sizes, share)))
 
   # --- order ------------------------------------------------------------------------------------------------------
   def _stream(self) -> int:
     return 0 if self.mode == "index" else 1 + self.process_index
 
-  def _positions(self, step: int, first: int, count: int) -> np.ndarray:
-    if self.mode == "index":
-      return step * self.global_batch_size + first + np.arange(count, dtype=np.int64)
-    return step * self.local_batch_size + (first - self.process_index * self.local_batch_size) + np.arange(
-        count, dtype=np.int64)
+  def _ids_at(self, positions) -> np.ndarray:
+    """Global ids of global positions of stream 0 (index mode)."""
+    datasets, ordinals = self.mixture.choose(0, np.asarray(positions, np.int64))
+    out = np.empty(len(ordinals), np.int64)
+    for d in np.unique(datasets):
+      sel = datasets == d
+      out[sel] = self.offsets[d] + self.orders[d](ordinals[sel])
+    return out
+
+  def _window_share(self, window: int, process: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block read: (the ids of process `process`'s share of window `window`, in sequence order; the permutation
+    that deals them out to the window's steps)."""
+    g, b, G = int(window), self.local_batch_size, self.steps_per_window
+    first = g * G * self.global_batch_size + process * G * b
+    ids = self._ids_at(first + np.arange(G * b, dtype=np.int64))
+    rng = np.random.Generator(np.random.PCG64([self.seed, g, process, self.process_count, WINDOW_TAG]))
+    return ids, rng.permutation(G * b)
+
+  def _local_ids(self, step: int, process: int) -> np.ndarray:
+    b = self.local_batch_size
+    if self.read == "block":
+      g, k = divmod(int(step), self.steps_per_window)
+      ids, perm = self._window_share(g, process)
+      return ids[perm[k * b:(k + 1) * b]]
+    return self._ids_at(step * self.global_batch_size + process * b + np.arange(b, dtype=np.int64))
 
   def indices(self, step: int) -> np.ndarray:
     """Index mode: the global example ids of step `step`'s global batch (before bad-record substitution)."""
     if self.mode != "index":
       raise ValueError("the global batch's ids are known without reading only in index mode")
-    return self._ids(step, 0, self.global_batch_size)
-
-  def _ids(self, step: int, first: int, count: int) -> np.ndarray:
-    datasets, ordinals = self.mixture.choose(0, self._positions(step, first, count))
-    out = np.empty(count, np.int64)
-    for d in np.unique(datasets):
-      sel = datasets == d
-      out[sel] = self.offsets[d] + self.perms[d](ordinals[sel])
-    return out
+    return np.concatenate([self._local_ids(step, p) for p in range(self.process_count)])
 
   def composition(self, step: int) -> dict:
     """Each dataset's exact share and the pairs of each read before `step` (index mode: by all processes; stream
@@ -350,12 +378,44 @@ class WebTrainData:
             for d, ds in enumerate(self.datasets)}
 
   def iterator_state(self, step: int) -> dict:
-    return dict(kind=f"web_{self.mode}", order_version=mix_lib.ORDER_VERSION, seed=self.seed, next_step=int(step),
-                steps_per_epoch=self.steps_per_epoch, global_batch_size=self.global_batch_size,
+    return dict(kind=f"web_{self.mode}", read=self.read, order_version=mix_lib.ORDER_VERSION, seed=self.seed,
+                next_step=int(step), steps_per_epoch=self.steps_per_epoch, global_batch_size=self.global_batch_size,
                 num_examples=self.num_examples, processes=self.process_count,
-                datasets=[fileio.absolute(d.root) if not fileio.is_remote(d.root) else d.root for d in self.datasets],
-                weights=list(self.weights), mix_block=self.mixture.block, resample=self.resample,
-                window=self.window, buffer=self.buffer, composition=self.composition(step))
+                datasets=[fileio.absolute(d.root) for d in self.datasets], weights=list(self.weights),
+                mix_block=self.mixture.block, resample=self.resample, window=self.window, buffer=self.buffer,
+                block=self.block, steps_per_window=self.steps_per_window, composition=self.composition(step))
+
+  def order_settings(self) -> dict:
+    """What the order of the remaining steps depends on (beyond seed and step), with the config key of each."""
+    out = {"input.web.mode": ("kind", f"web_{self.mode}"), "input.web.weights": ("weights", list(self.weights)),
+           "input.web.mix_block": ("mix_block", self.mixture.block)}
+    if self.mode == "index":
+      out["input.web.read"] = ("read", self.read)
+    if self.mode == "stream" or self.read == "block":
+      out["the process count"] = ("processes", self.process_count)
+    if self.mode == "stream":
+      out.update({"input.web.window": ("window", self.window), "input.web.buffer": ("buffer", self.buffer),
+                  "input.web.resample": ("resample", self.resample)})
+    if self.read == "block":
+      out.update({"input.web.block": ("block", self.block),
+                  "input.web.shuffle_pairs (steps per window)": ("steps_per_window", self.steps_per_window)})
+    return out
+
+  def check_resume(self, saved: dict) -> None:
+    """Refuse, in one line, a resume whose data order would not continue the checkpoint's: another mode, read,
+    block, window, buffer, weights, mixture block or — where the order depends on it — process count."""
+    if not saved or not str(saved.get("kind", "")).startswith("web_"):
+      return
+    differ = []
+    for key, (field, value) in self.order_settings().items():
+      before = saved.get(field)
+      if field == "read" and before is None:
+        before = "pair"   # checkpoints written before input.web.read existed read per pair
+      if before is not None and before != value:
+        differ.append(f"{key}: checkpoint {before!r}, now {value!r}")
+    if differ:
+      raise ValueError(f"cannot resume: the web data's order of the remaining steps would differ ({'; '.join(differ)})"
+                       f": resume with the checkpoint's settings, or start a new --workdir")
 
   def pairs(self):
     """No in-memory view of web-scale pairs: evaluators that score the training pairs (noise_detection) do not
@@ -367,142 +427,246 @@ class WebTrainData:
     d = int(np.searchsorted(self.offsets, gid, side="right") - 1)
     return d, int(gid - self.offsets[d])
 
-  def _read(self, gid: int) -> web.Sample:
-    d, j = self._locate(gid)
-    return self.datasets[d].read(j)
-
-  def _raw_samples(self, step: int) -> list:
-    """This process's part of step `step`: (global id, Sample, image Sample or None) per example."""
-    b, first = self.local_batch_size, self.process_index * self.local_batch_size
-    if self.mode == "index":
-      return [(int(g), None, None) for g in self._ids(step, first, b)]   # read by the workers
-    datasets, ordinals = self.mixture.choose(self._stream(), self._positions(step, first, b))
-    out = []
-    for d, q in zip(datasets, ordinals):
-      sample = self.readers[d].take(int(q))
-      out.append((int(self.offsets[d] + sample.id), sample, None))
-    return out
-
-  def _example(self, gid: int, sample, rng_seed: tuple) -> dict:
-    """One example from its pair (read now in index mode); raises BadRecordError when unusable."""
-    if sample is None:
-      sample = self._read(gid)
-    if sample.bad:
-      raise BadRecordError(sample.bad)
-    caption = sample.caption
-    if not caption or not caption.strip():
-      raise BadRecordError("empty caption")
-    image_sample, clean = sample, True
-    if self.noise is not None:
-      partner = int(self.noise.image_of(np.asarray([gid]))[0])
-      if partner != gid:
-        image_sample, clean = self._read(partner), False
-        if image_sample.bad:
-          raise BadRecordError(f"the image of pair {partner} (shown with this caption by the noise): "
-                               f"{image_sample.bad}")
-    if not image_sample.image:
-      raise BadRecordError("no image")
-    d, _ = self._locate(gid)
-    own = self.datasets[d].own_clean(sample)
-    rng = streams.crop_rng(*rng_seed)
-    if self.augment:
-      image = decode_train(image_sample.image, self.image_size, rng, self.normalization, self.crop_scale,
-                           self.decoder)
-    else:
-      image = decode_eval(image_sample.image, self.image_size, self.normalization)
-    return dict(image=image, tokens=self.tokenizer.encode([caption])[0], id=np.int32(gid),
-                clean=np.bool_(own and clean))
-
-  def _try(self, gid, sample, rng_seed):
-    try:
-      return self._example(gid, sample, rng_seed), None
-    except Exception as e:   # corrupt image bytes raise PIL / OS errors
-      if self.on_bad_record == "raise":
-        raise BadRecordError(f"bad training record id {gid} ({self._describe(gid)}): {type(e).__name__}: {e}") \
-            from e
-      return None, e
-
   def _describe(self, gid: int) -> str:
     d, j = self._locate(gid)
     ds = self.datasets[d]
     s, k = ds.locate(j)
     return f"{ds.shards[int(s)]} sample {int(k)}"
 
-  def _indexed_example(self, step: int, jj: int, gid: int) -> tuple[dict, int]:
-    """Index mode: the pair or, when it is bad, the next of its dataset (id + 1, ...)."""
-    d, j = self._locate(gid)
-    n = int(self.sizes[d])
-    for attempt in range(min(n, 10_000)):
-      cand = int(self.offsets[d] + (j + attempt) % n)
-      ex, err = self._try(cand, None, (self.seed, step, jj))
-      if ex is not None:
-        ex["_skipped"] = np.int32(attempt)
-        return ex, attempt
-    raise BadRecordError(f"no usable record among 10,000 pairs of {self.datasets[d].root} from id {gid}")
+  def _runs(self, gids) -> list:
+    """(dataset, ranges per shard touched) of runs of consecutive global ids, each within one dataset."""
+    out = []
+    for first, last in gids:
+      d, j = self._locate(first)
+      ds = self.datasets[d]
+      for s, a, b_, lo, n in ds.index.run_ranges(ds, j, j + (last - first)):
+        out.append((d, s, a, b_, lo, n, store.Range(ds.shards[s], a, b_, ds.version_of(s))))
+    return out
 
-  def host_batch(self, step: int, pool=None) -> dict:
-    """This process's part of the global batch of `step`."""
-    b, first = self.local_batch_size, self.process_index * self.local_batch_size
-    raw = self._raw_samples(step)
-    run = (pool.map if pool is not None else map)
-    if self.mode == "index":
-      results = list(run(lambda k: self._indexed_example(step, first + k, raw[k][0]), range(b)))
-      examples, skipped = [r[0] for r in results], sum(r[1] for r in results)
+  def _samples_of(self, runs, raw) -> dict:
+    """{global id: Sample} from the bytes of `runs`."""
+    out = {}
+    for (d, s, a, _, lo, n, _), data in zip(runs, raw):
+      ds = self.datasets[d]
+      for j, sample in web.parse_run(ds, s, a, lo, n, data).items():
+        sample.id = int(self.offsets[d] + j)
+        out[sample.id] = sample
+    return out
+
+  def _missing(self, gid: int) -> web.Sample:
+    d, j = self._locate(gid)
+    return web.Sample(gid, bad=self.datasets[d]._missing_reason(j))
+
+  def _spec(self, gid: int, partner: int, samples: dict, crop: tuple) -> web_decode.ExampleSpec:
+    """The example of caption `gid` shown with the image of pair `partner` (itself unless the noise says another)."""
+    d, _ = self._locate(gid)
+    sample = samples.get(gid) or self._missing(gid)
+    image = sample if partner == gid else (samples.get(partner) or self._missing(partner))
+    bad = sample.bad or (f"the image of pair {image.id} (shown with this caption by the noise): {image.bad}"
+                         if image.bad else "")
+    own = self.datasets[d].own_clean(sample) if not bad else True
+    return web_decode.ExampleSpec(int(gid), sample.caption, image.image, crop, bool(own and image is sample), bad)
+
+  def _pair_unit(self, step: int) -> Unit:
+    """Read 'pair': one step, one ranged read per pair and per noisy pair's partner."""
+    first = self.process_index * self.local_batch_size
+    ids = self._local_ids(step, self.process_index)
+    partners = self.noise.image_of(ids) if self.noise is not None else ids   # the whole batch at once
+    wanted = np.unique(np.concatenate([ids, partners]))
+    runs = self._runs([(int(g), int(g) + 1) for g in wanted])
+
+    def build(raw):
+      samples = self._samples_of(runs, raw)
+      return [[self._spec(int(g), int(p), samples, (self.seed, step, first + k))
+               for k, (g, p) in enumerate(zip(ids, partners))]]
+
+    return Unit([step], [r[-1] for r in runs], build)
+
+  def _block_unit(self, window: int, start: int, stop: int) -> Unit:
+    """Read 'block': the steps of window `window` in [start, stop), from this process's share of the window, each
+    block it touches read whole with one request (two where it crosses a shard's end)."""
+    G, b = self.steps_per_window, self.local_batch_size
+    first = self.process_index * b
+    ids, perm = self._window_share(window, self.process_index)
+    steps = [s for s in range(window * G, (window + 1) * G) if start <= s < stop]
+    used = np.concatenate([ids[perm[(s - window * G) * b:(s - window * G + 1) * b]] for s in steps])
+    spans = []
+    for d in np.unique(np.searchsorted(self.offsets, used, side="right") - 1):
+      local = used[(used >= self.offsets[d]) & (used < self.offsets[d + 1])] - self.offsets[d]
+      for blk in np.unique(local // self.block):
+        lo = int(self.offsets[d] + blk * self.block)
+        spans.append((lo, int(min(lo + self.block, self.offsets[d + 1]))))
+    runs = self._runs(spans)
+
+    def build(raw):
+      samples = self._samples_of(runs, raw)
+      out = []
+      for s in steps:
+        batch = ids[perm[(s - window * G) * b:(s - window * G + 1) * b]]
+        partners = self.noise.image_of(batch) if self.noise is not None else batch
+        out.append([self._spec(int(g), int(p), samples, (self.seed, s, first + k))
+                    for k, (g, p) in enumerate(zip(batch, partners))])
+      return out
+
+    return Unit(steps, [r[-1] for r in runs], build)
+
+  def _stream_unit(self, step: int) -> Unit:
+    first, b = self.process_index * self.local_batch_size, self.local_batch_size
+    positions = step * b + np.arange(b, dtype=np.int64)
+
+    def build(raw):
+      del raw
+      datasets, ordinals = self.mixture.choose(self._stream(), positions)
+      specs = []
+      for k, (d, q) in enumerate(zip(datasets, ordinals)):
+        sample = self.readers[d].take(int(q))
+        gid = int(self.offsets[d] + sample.id)
+        sample.id = gid
+        specs.append(self._spec(gid, gid, {gid: sample}, (self.seed, step, first + k)))
+      return [specs]
+
+    return Unit([step], [], build)
+
+  def units(self, start_step: int, stop_step: int):
+    """The units of steps [start_step, stop_step), in order."""
+    if self.mode == "stream":
+      for s in range(start_step, stop_step):
+        yield self._stream_unit(s)
+    elif self.read == "pair":
+      for s in range(start_step, stop_step):
+        yield self._pair_unit(s)
     else:
-      tried = list(run(lambda k: self._try(raw[k][0], raw[k][1], (self.seed, step, first + k)), range(b)))
-      good = [k for k, (ex, _) in enumerate(tried) if ex is not None]
-      if not good:
-        raise BadRecordError(f"step {step}: none of this process's {b} streamed pairs is usable "
-                             f"(e.g. id {raw[0][0]}: {tried[0][1]})")
-      examples, skipped = [], 0
-      for k in range(b):
-        if tried[k][0] is not None:
-          examples.append(tried[k][0])
-        else:
-          skipped += 1
-          log.debug("bad streamed record id %d: %s", raw[k][0], tried[k][1])
-          later = [g for g in good if g > k]
-          examples.append(tried[later[0] if later else good[0]][0])   # the next usable one, cyclically
-    batch = {key: np.stack([e[key] for e in examples]) for key in ("image", "tokens", "id", "clean")}
-    batch["_skipped"] = np.asarray(skipped, np.int32)
-    return batch
+      G = self.steps_per_window
+      for g in range(start_step // G, (stop_step - 1) // G + 1 if stop_step > start_step else 0):
+        yield self._block_unit(g, start_step, stop_step)
+
+  def assemble(self, step: int, specs: list, decoded) -> dict:
+    """This process's host batch of `step` from its decoded examples: a bad one counted and replaced by the next
+    usable example of the batch (cyclically), or raised with input.on_bad_record='raise'."""
+    images, tokens, errors = decoded
+    b = len(specs)
+    good = [k for k in range(b) if errors[k] is None]
+    bad = [k for k in range(b) if errors[k] is not None]
+    if bad and self.on_bad_record == "raise":
+      k = bad[0]
+      raise BadRecordError(f"bad training record id {specs[k].id} ({self._describe(specs[k].id)}): {errors[k]}")
+    if not good:
+      raise BadRecordError(f"step {step}: none of this process's {b} pairs is usable (e.g. id {specs[0].id}: "
+                           f"{errors[0]})")
+    source = np.arange(b)
+    for k in bad:
+      later = [g for g in good if g > k]
+      source[k] = later[0] if later else good[0]
+      log.debug("bad web record id %d: %s", specs[k].id, errors[k])
+    ids = np.asarray([specs[k].id for k in source], np.int32)
+    clean = np.asarray([specs[k].clean for k in source], np.bool_)
+    if bad:
+      images, tokens = images[source], tokens[source]
+    return dict(image=images, tokens=tokens, id=ids, clean=clean, _skipped=np.asarray(len(bad), np.int32))
+
+  def _decoder(self):
+    context = self.tokenizer.context_length
+    if self.workers > 0:
+      settings = dataclasses.replace(self.settings, tokenizer_json=self.tokenizer.to_json())
+      return web_decode.ProcessDecoder(settings, self.workers, buffers=self.prefetch + 3), context
+    return web_decode.ThreadDecoder(self.settings, self.tokenizer, self.num_threads), context
+
+  def host_batch(self, step: int) -> dict:
+    """This process's part of the global batch of `step`, read and decoded now (tests, tools)."""
+    return next(self.host_batches(step, step + 1))
 
   def host_batches(self, start_step: int, stop_step: int):
-    """This process's host batches for steps [start_step, stop_step), `prefetch` ahead on a reader thread whose
-    examples are decoded by `num_threads` threads."""
-    out: queue.Queue = queue.Queue(maxsize=self.prefetch)
+    """This process's host batches for steps [start_step, stop_step): a fetch thread keeps the reads of the next
+    units in flight, a decode thread makes and assembles each step, `prefetch` batches ahead."""
+    reader = store.RangeReader(self.policy, max_inflight=self.max_inflight, local_threads=min(64, self.max_inflight))
+    decoder, context = self._decoder()
+    specs_q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+    out_q: queue.Queue = queue.Queue(maxsize=self.prefetch)
     stop = threading.Event()
     done = object()
+    readahead = 2 if self.read == "block" else self.prefetch + 2
 
-    def produce():
+    def put(q, item):
+      while not stop.is_set():
+        try:
+          q.put(item, timeout=0.1)
+          return
+        except queue.Full:
+          continue
+      raise _Stop
+
+    def get(q):
+      while not stop.is_set():
+        try:
+          return q.get(timeout=0.1)
+        except queue.Empty:
+          continue
+      raise _Stop
+
+    def fetch():
       try:
-        with cf.ThreadPoolExecutor(self.num_threads, thread_name_prefix="ncjax-web") as pool:
-          for step in range(start_step, stop_step):
-            batch = self.host_batch(step, pool if self.num_threads > 1 else None)
-            while not stop.is_set():
-              try:
-                out.put(batch, timeout=0.1)
-                break
-              except queue.Full:
-                continue
-            if stop.is_set():
-              return
-        out.put(done)
+        inflight = collections.deque()
+        units = self.units(start_step, stop_step)
+        more = True
+        while True:
+          while more and len(inflight) < readahead:
+            unit = next(units, None)
+            if unit is None:
+              more = False
+              break
+            inflight.append((unit, reader.submit(unit.ranges)))
+          if not inflight:
+            break
+          unit, handle = inflight.popleft()
+          raw = handle.result()
+          for step, specs in zip(unit.steps, unit.build(raw)):
+            put(specs_q, (step, specs))
+        put(specs_q, done)
+      except _Stop:
+        pass
       except BaseException as e:   # surfaced in the consumer
-        out.put(e)
+        try:
+          put(specs_q, e)
+        except _Stop:
+          pass
+      finally:
+        self.last_reads = dict(requests=reader.requests, bytes=reader.bytes)
 
-    thread = threading.Thread(target=produce, name="ncjax-web-reader", daemon=True)
-    thread.start()
+    def decode():
+      try:
+        while True:
+          item = get(specs_q)
+          if item is done or isinstance(item, BaseException):
+            put(out_q, item)
+            return
+          step, specs = item
+          put(out_q, self.assemble(step, specs, decoder.decode(specs, context)))
+      except _Stop:
+        pass
+      except BaseException as e:
+        try:
+          put(out_q, e)
+        except _Stop:
+          pass
+
+    threads = [threading.Thread(target=fetch, name="ncjax-web-fetch", daemon=True),
+               threading.Thread(target=decode, name="ncjax-web-decode", daemon=True)]
+    for t in threads:
+      t.start()
     try:
       while True:
-        item = out.get()
+        item = out_q.get()
         if item is done:
           return
         if isinstance(item, BaseException):
           raise item
         yield item
     finally:
-      stop.set()
+      stop.set()   # the threads see it within 0.1 s (a fetch waiting on the store: when its read ends)
+      threads[1].join(timeout=30)
+      threads[0].join(timeout=1)
+      decoder.close()
+      reader.close()
 
   def to_global(self, host: dict) -> dict:
     return {k: jax.make_array_from_process_local_data(self.sharding, v, (self.global_batch_size,) + v.shape[1:])
@@ -530,9 +694,11 @@ def train_data_from_config(input_config, noise_config, *, image_size: int, token
   n = sum(d.num_examples for d in datasets)
   noise = permuted_noise_from_config(noise_config, n)
   data = WebTrainData(datasets, tokenizer, input_config.global_batch_size, input_config.shuffle_seed, mesh,
-                      mode=s["mode"], weights=s["weights"], resample=s["resample"], window=s["window"],
-                      buffer=s["buffer"], mix_block=s["mix_block"], noise=noise, image_size=image_size,
+                      mode=s["mode"], read=s["read"], block=s["block"], shuffle_pairs=s["shuffle_pairs"],
+                      weights=s["weights"], resample=s["resample"], window=s["window"], buffer=s["buffer"],
+                      mix_block=s["mix_block"], noise=noise, image_size=image_size,
                       normalization=input_config.normalization, augment=input_config.augment,
                       crop_scale=input_config.crop_scale, on_bad_record=input_config.on_bad_record,
-                      num_threads=input_config.num_threads, prefetch=input_config.prefetch, decoder=s["decoder"])
+                      num_threads=input_config.num_threads, prefetch=input_config.prefetch, decoder=s["decoder"],
+                      workers=s["workers"], max_inflight=s["max_inflight"], io_deadline_s=s["io_deadline_s"])
   return data, tokenizer

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from ncjax.data import build, mixture, web, web_pipeline, web_synthetic
+from ncjax.data import build, mixture, web, web_decode, web_index, web_pipeline, web_synthetic
 from ncjax.data.noise import PermutedNoise, make_noisy_index
 from ncjax.data.permutation import Permutation
 from ncjax.data.pipeline import BadRecordError
@@ -29,7 +29,7 @@ def web20k(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def indexed20k(web20k):
-  manifest = web.build_index(web20k["root"], workers=2)
+  manifest = web_index.build_index(web20k["root"], workers=2)
   return dict(web20k, manifest=manifest)
 
 
@@ -126,7 +126,7 @@ def test_an_epoch_visits_every_pair_once_streamed_and_indexed(indexed20k):
     if mode == "index":
       ids = np.concatenate([data.indices(s) for s in range(data.steps_per_epoch)])
     else:
-      ids = np.asarray([g for s in range(data.steps_per_epoch) for g, _, _ in data._raw_samples(s)])
+      ids = np.concatenate([b["id"] for b in data.host_batches(0, data.steps_per_epoch)])
     assert sorted(ids.tolist()) == list(range(N)), mode
     assert (np.abs(np.diff(ids)) > 1).mean() > 0.9        # shuffled, not read in file order
 
@@ -163,7 +163,7 @@ def test_two_processes_read_disjoint_slices_of_each_global_batch(indexed20k):
   streamed = [_data([web.open_dataset(root, use_index=False)], "stream", batch=100, window=2, buffer=64,
                     process_index=p, process_count=2) for p in range(2)]
   per_epoch = N // 100
-  ids = [np.concatenate([[g for g, _, _ in d._raw_samples(s)] for s in range(per_epoch)]) for d in streamed]
+  ids = [np.concatenate([b["id"] for b in d.host_batches(0, per_epoch)]) for d in streamed]
   assert not set(ids[0].tolist()) & set(ids[1].tolist())
   assert sorted(np.concatenate(ids).tolist()) == list(range(N))
   shards = [set((i // PER_SHARD).tolist()) for i in ids]
@@ -176,7 +176,7 @@ def damaged(tmp_path_factory):
   root = str(tmp_path_factory.mktemp("damaged") / "data")
   info = web_synthetic.write_img2dataset(root, 2000, per_shard=250, image_size=8, pool=8,
                                          corrupt_images=(5, 300, 301), truncate_shards=(3,))
-  manifest = web.build_index(root, workers=1)
+  manifest = web_index.build_index(root, workers=1)
   return dict(root=root, info=info, manifest=manifest)
 
 
@@ -195,10 +195,9 @@ def test_a_cut_shard_and_corrupt_images_are_skipped_and_counted(damaged):
     for b in data.host_batches(0, data.steps_per_epoch):
       skipped += int(b["_skipped"])
       ids.extend(b["id"].tolist())
-    # streamed: each bad pair once; indexed: as on the small-data path, every attempt (a pair drawn k places before
-    # the end of a run of bad ids tries k + 1 of them): the cut run, id 5, and ids 300-301
-    expected = run + 3 if mode == "stream" else run * (run + 1) // 2 + 1 + 3
-    assert skipped == expected, mode
+    # each bad pair once, in both modes (its slot repeats the next usable pair of the batch): the cut run, id 5, and
+    # ids 300-301
+    assert skipped == run + 3, mode
     assert not {5, 300, 301} & set(ids) and not set(bad) & set(ids)
     raising = _data([data.datasets[0]], mode, batch=100, window=8, buffer=64, on_bad_record="raise")
     with pytest.raises(BadRecordError, match="bad training record id"):
@@ -242,7 +241,7 @@ def test_a_weighted_mixture_of_two_datasets_upsamples_and_logs_its_composition(t
   for k, n in enumerate((300, 1200)):
     roots.append(str(tmp_path / f"d{k}"))
     web_synthetic.write_img2dataset(roots[-1], n, per_shard=100, image_size=8, pool=4, seed=k)
-    web.build_index(roots[-1], workers=1)
+    web_index.build_index(roots[-1], workers=1)
   cfg = _input_config(f"web:{roots[0]}::{roots[1]}", weights="1::1", mix_block=100)
   datasets, settings = web_pipeline.open_datasets(cfg)
   import logging
@@ -283,21 +282,23 @@ def _input_config(dataset, **web_overrides):
 def test_a_build_over_two_hosts_equals_one_and_continues_after_an_interruption(web20k, tmp_path):
   root = web20k["root"]
   one = str(tmp_path / "one")
-  web.build_index(root, index_dir=one, workers=1)
+  web_index.build_index(root, index_dir=one, workers=1)
   two = str(tmp_path / "two")
   assert build.main(["--dataset=web", f"--manual_dir={root}", f"--index_dir={two}", "--num_hosts=2",
                      "--host_index=1", "--workers=2"]) == 0
   assert not os.path.exists(os.path.join(two, "manifest.json"))
   with pytest.raises(Exception, match="not indexed yet"):
-    web.merge_index(root, two)
+    web_index.merge_index(root, two)
   assert build.main(["--dataset=web", f"--manual_dir={root}", f"--index_dir={two}", "--num_hosts=2",
                      "--host_index=0", "--workers=1"]) == 0
   assert build.main(["--dataset=web", f"--manual_dir={root}", f"--index_dir={two}", "--num_hosts=2",
                      "--merge"]) == 0
-  for name in ("offsets.npy", "manifest.json"):
+  manifest = web_index.read_manifest(one)
+  assert manifest == web_index.read_manifest(two)
+  for name in (manifest["offsets_file"], "manifest.json"):
     with open(os.path.join(one, name), "rb") as f, open(os.path.join(two, name), "rb") as g:
       assert f.read() == g.read(), name
-  assert np.load(os.path.join(one, "offsets.npy")).dtype == np.uint32     # 4 bytes per pair
+  assert np.load(os.path.join(one, manifest["offsets_file"])).dtype == np.uint32     # 4 bytes per pair
 
 
 def test_a_word_vocabulary_over_web_data_is_capped(web20k):
@@ -314,8 +315,8 @@ def test_the_simplejpeg_decoder_crops_as_pil_does():
   assert simplejpeg
   from ncjax.data import streams
   jpeg = web_synthetic.jpeg_pool(1, 64, seed=3)[0]
-  a = web_pipeline.decode_train(jpeg, 32, streams.crop_rng(0, 1, 2), "openai", (0.5, 1.0))
-  b = web_pipeline.decode_train(jpeg, 32, streams.crop_rng(0, 1, 2), "openai", (0.5, 1.0), "simplejpeg")
+  a = web_decode.decode_train(jpeg, 32, streams.crop_rng(0, 1, 2), "openai", (0.5, 1.0))
+  b = web_decode.decode_train(jpeg, 32, streams.crop_rng(0, 1, 2), "openai", (0.5, 1.0), "simplejpeg")
   assert a.shape == b.shape == (32, 32, 3)
   assert np.abs(a - b).mean() < 0.02        # the same crop; the decoders' pixels differ by a level at most here
 
@@ -324,6 +325,6 @@ def test_the_table_normalisation_is_bitwise_the_small_data_paths():
   from ncjax.data import preprocess
   px = np.random.default_rng(0).integers(0, 256, (9, 7, 3)).astype(np.uint8)
   for name in ("openai", "imagenet", "siglip"):
-    out = web_pipeline.normalize(px, name)
+    out = web_decode.normalize(px, name)
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out, preprocess.normalize(px, name))

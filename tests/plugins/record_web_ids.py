@@ -1,6 +1,6 @@
 """A test plugin (`ncjax train --plugins=tests/plugins/record_web_ids.py`): every process appends the example ids of
-each web host batch it builds, one line `step id id ...`, to $NCJAX_RECORD_IDS/process_<jax.process_index()>.txt —
-what tests/train/test_web_multiprocess.py checks the processes' reads with. Nothing in ncjax is edited."""
+each web host batch it assembles, one line `step id id ...`, to $NCJAX_RECORD_IDS/process_<jax.process_index()>.txt
+— what tests/train/test_web_multiprocess.py checks the processes' reads with. Nothing in ncjax is edited."""
 
 import os
 
@@ -8,11 +8,11 @@ import jax
 
 from ncjax.data import web_pipeline
 
-_host_batch = web_pipeline.WebTrainData.host_batch
+_assemble = web_pipeline.WebTrainData.assemble
 
 
-def _recording_host_batch(self, step, pool=None):
-  batch = _host_batch(self, step, pool)
+def _recording_assemble(self, step, specs, decoded):
+  batch = _assemble(self, step, specs, decoded)
   directory = os.environ.get("NCJAX_RECORD_IDS")
   if directory:
     with open(os.path.join(directory, f"process_{jax.process_index()}.txt"), "a") as f:
@@ -20,4 +20,4 @@ def _recording_host_batch(self, step, pool=None):
   return batch
 
 
-web_pipeline.WebTrainData.host_batch = _recording_host_batch
+web_pipeline.WebTrainData.assemble = _recording_assemble

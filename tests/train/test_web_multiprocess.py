@@ -15,7 +15,7 @@ import pytest
 
 from helpers import ROOT
 import multiprocess
-from ncjax.data import web, web_synthetic
+from ncjax.data import web, web_index, web_synthetic
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -27,7 +27,7 @@ PLUGIN = os.path.join(ROOT, "tests", "plugins", "record_web_ids.py")
 def webroot(tmp_path_factory):
   root = str(tmp_path_factory.mktemp("webmp") / "data")
   web_synthetic.write_img2dataset(root, N, per_shard=PER_SHARD, image_size=24, pool=16, corrupt_images=(5,))
-  web.build_index(root, workers=1)
+  web_index.build_index(root, workers=1)
   return root
 
 

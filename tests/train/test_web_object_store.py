@@ -15,7 +15,7 @@ import multiprocess  # noqa: E402  (tests/multiprocess.py)
 from gcs_server import GCSServer  # noqa: E402
 from helpers import ROOT, assert_trees_equal, tiny_clip_config  # noqa: E402
 from ncjax import fileio, train  # noqa: E402
-from ncjax.data import web, web_synthetic  # noqa: E402
+from ncjax.data import web, web_index, web_synthetic  # noqa: E402
 
 N, PER_SHARD = 300, 60
 _WRITE = dict(per_shard=PER_SHARD, image_size=16, pool=8, corrupt_images=(7,), truncate_shards=(3,))
@@ -30,16 +30,16 @@ def _streamed(ds):
   return [x for s in range(len(ds.shards)) for x in ds.iter_shard(s)]
 
 
-def _config(root, mode, cache):
+def _config(root, mode, read, cache):
   return tiny_clip_config(arg="batch=32,epochs=1", total_steps=3, **{
-      "input.dataset": f"web:{root}", "input.web.mode": mode, "input.web.window": 2,
-      "input.web.cache_dir": cache})
+      "input.dataset": f"web:{root}", "input.web.mode": mode, "input.web.read": read, "input.web.window": 2,
+      "input.web.block": 16, "input.web.shuffle_pairs": 64, "input.web.cache_dir": cache})
 
 
 def test_img2dataset_output_in_gcs_reads_and_trains_like_local_disk(tmp_path):
   local = str(tmp_path / "web")
   web_synthetic.write_img2dataset(local, N, **_WRITE)
-  local_manifest = web.build_index(local, workers=1)
+  local_manifest = web_index.build_index(local, workers=1)
   with GCSServer() as server:
     remote = server.path("web")
     web_synthetic.write_img2dataset(remote, N, **_WRITE)
@@ -57,15 +57,19 @@ def test_img2dataset_output_in_gcs_reads_and_trains_like_local_disk(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     index_dir = fileio.join(remote, web.INDEX_DIRNAME)
-    assert fileio.listdir(index_dir) == ["manifest.json", "offsets.npy"]   # the parts merged and removed
-    assert web.WebIndex.open(index_dir, str(tmp_path / "c0")).manifest == local_manifest
+    remote_manifest = web_index.WebIndex.open(index_dir, str(tmp_path / "c0")).manifest
+    assert fileio.listdir(index_dir) == ["manifest.json", remote_manifest["offsets_file"]]   # parts merged, removed
+    # the same index as on local disk but for what each shard *is*: an object's generation, a file's mtime
+    assert {k: v for k, v in remote_manifest.items() if k != "versions"} == \
+        {k: v for k, v in local_manifest.items() if k != "versions"}
+    assert all(v.isdigit() for v in remote_manifest["versions"])
     indexed = web.open_dataset(remote, cache_dir=str(tmp_path / "cache"))
     assert indexed.index is not None and not os.path.exists("gs:")
     assert _fields([indexed.read(i) for i in range(N)]) == _fields(ref)          # one ranged read per pair
     assert _fields(_streamed(web.open_dataset(remote, use_index=False))) == _fields(ref)
     # Training on the bucket ends bitwise where training on local disk ends (the index's local copy is reused).
-    for mode in ("index", "stream"):
-      runs = [train.train(_config(root, mode, str(tmp_path / "cache")), str(tmp_path / f"{mode}_{i}"))
+    for mode, read in (("index", "pair"), ("index", "block"), ("stream", "auto")):
+      runs = [train.train(_config(root, mode, read, str(tmp_path / "cache")), str(tmp_path / f"{mode}{read}_{i}"))
               for i, root in enumerate((local, remote))]
       assert [r.experiment.train_data.mode for r in runs] == [mode, mode]
       assert int(runs[1].state["step"]) == 3

@@ -7,7 +7,7 @@ import pytest
 
 from helpers import tiny_clip_config
 from ncjax import train
-from ncjax.data import web, web_synthetic
+from ncjax.data import web, web_index, web_synthetic
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_streamed_web_training_resumes_bitwise(webdata, tmp_path):
 
 def test_indexed_web_training_with_on_demand_noise_and_a_resampled_mixture(webdata, tmp_path):
   for root in webdata:
-    web.build_index(root, workers=1)
+    web_index.build_index(root, workers=1)
   cfg = _config(f"web:{webdata[0]}", **{"noise.kind": "caption_shuffle", "noise.ratio": 0.4})
   result = train.train(cfg, str(tmp_path / "noisy"))
   data = result.experiment.train_data

@@ -1,0 +1,389 @@
+"""Reading a dataset's files where they lie — local disk or an object store (gs://) — for the web reader: many
+ranged reads in flight at once, a listing that records what each shard *is* (size and, on an object store, its
+generation), and a fault policy that never turns a fault of the store into a fault of the data.
+
+Faults. A read can fail three ways, and each has one outcome:
+* the store is unreachable or overloaded (timeouts, refused or reset connections, HTTP 408 / 429 / 5xx): *transient*
+  — the read is retried with exponential backoff (1 s doubling to 30 s) until it succeeds or `deadline_s` seconds
+  have passed since its first failure; then the run stops with one line (`StoreUnavailable`), its last checkpoint
+  intact, and relaunching the same command resumes it exactly. gcsfs retries each request itself for about 30 s
+  first (pods.md §7), so a read gives up at most `deadline_s` + ~40 s after the store went away;
+* the object is gone (404, FileNotFoundError) or is not the one the index was built from (another size or
+  generation: `ShardChanged`): one line naming the shard, at start-up or on its first read — never a bad record;
+* anything else the store says (403, 400, a local EIO): not retried, one line naming the path.
+The data's own faults (a cut tar member, an undecodable image, an empty caption, invalid UTF-8) are decided above
+this module, after the bytes arrived: those records are skipped and counted.
+
+Concurrency. `RangeReader.submit(requests)` starts every (path, start, end) read of a batch of work at once and
+returns a handle; the web reader submits the next steps' reads while the current ones decode, so a store that takes
+30 ms per request is read at `max_inflight` / 30 ms requests per second. On an object store the reads are
+coroutines on fsspec's event loop (gcsfs's aiohttp session: one connection per request in flight); on local disk,
+`os.pread` on a thread pool over a cache of open descriptors that is safe to evict while other threads read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import dataclasses
+import errno
+import logging
+import os
+import random
+import threading
+import time
+
+from ncjax import fileio
+from ncjax.data.readers import DataFormatError
+
+log = logging.getLogger("ncjax")
+# gcsfs logs every request that ran out of its own retries with a traceback at ERROR; the fault is reported here,
+# classified, in one line (and retried or not), so its log would only bury that line.
+logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+
+DEFAULT_DEADLINE_S = 300.0
+_TRANSIENT_HTTP = {408, 429, 500, 502, 503, 504}
+_TRANSIENT_ERRNO = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
+                    errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ENETDOWN, errno.EAGAIN}
+
+
+class StoreUnavailable(fileio.StorageError):
+  """The store did not answer a read for the whole retry deadline: the run stops (its checkpoints are intact)."""
+
+
+class ShardMissing(DataFormatError):
+  """A shard the dataset (or its index) names is not there."""
+
+
+class ShardChanged(DataFormatError):
+  """A shard is not the object the index was built from (another size or generation)."""
+
+
+def _http_status(e: BaseException) -> int | None:
+  for attr in ("code", "status"):
+    value = getattr(e, attr, None)
+    try:
+      if value is not None:
+        return int(value)
+    except (TypeError, ValueError):
+      continue
+  return None
+
+
+def classify(e: BaseException) -> str:
+  """'transient' (retry it), 'missing' (the object is not there) or 'fatal' (stop with one line) for an exception
+  raised by a read."""
+  if isinstance(e, (FileNotFoundError, ShardMissing)):
+    return "missing"
+  if isinstance(e, (ShardChanged, DataFormatError, PermissionError)):
+    return "fatal"
+  if isinstance(e, (TimeoutError, asyncio.TimeoutError, ConnectionError)):
+    return "transient"
+  status = _http_status(e)
+  if status is not None and not isinstance(e, OSError):
+    if status == 404:
+      return "missing"
+    return "transient" if status in _TRANSIENT_HTTP else "fatal"
+  module = type(e).__module__ or ""
+  if module.startswith(("aiohttp", "requests", "urllib3", "google.auth")):
+    return "transient"   # connection-level failures of the HTTP clients gcsfs uses
+  if type(e).__name__ in ("HttpError", "ChecksumError"):   # gcsfs.retry's, without a status
+    return "transient"
+  if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNO:
+    return "transient"
+  return "fatal"
+
+
+def _reason(e: BaseException) -> str:
+  text = " ".join(str(e).split())[:200]
+  return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+  """How long a read keeps trying a store that does not answer (`input.web.io_deadline_s`), and its backoff."""
+  deadline_s: float = DEFAULT_DEADLINE_S
+  first_backoff_s: float = 1.0
+  max_backoff_s: float = 30.0
+  request_timeout_s: float = 120.0
+
+  def backoff(self, attempt: int) -> float:
+    return min(self.max_backoff_s, self.first_backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
+
+  def failed(self, what: str, e: BaseException, first_failure: float, attempt: int) -> float:
+    """The seconds to wait before the next try of a transiently failed read, or raise the error it ends in."""
+    kind = classify(e)
+    if kind == "missing":
+      raise ShardMissing(f"{what}: the object is not there ({_reason(e)}): it was deleted or renamed after the "
+                         f"dataset was listed or indexed; restore it, or rebuild the index") from None
+    if kind == "fatal":
+      if isinstance(e, DataFormatError):
+        raise e
+      raise fileio.StorageError(errno.EIO, f"reading {what} failed: {_reason(e)} (not retried: check the path, "
+                                           f"its permissions and the credentials)") from None
+    waited = time.monotonic() - first_failure
+    if waited >= self.deadline_s:
+      raise StoreUnavailable(errno.EIO, f"reading {what}: the store did not answer for {waited:.0f} s (last error "
+                             f"{_reason(e)}); the run stops here with its last checkpoint intact: relaunch the same "
+                             f"command to resume (input.web.io_deadline_s={self.deadline_s:g} sets how long reads "
+                             f"are retried)") from None
+    if attempt == 0:
+      log.warning("reading %s: %s; retrying for up to %.0f s", what, _reason(e), self.deadline_s)
+    return self.backoff(attempt)
+
+  def call(self, fn, what: str):
+    """fn() with transient failures retried until the deadline."""
+    first, attempt = None, 0
+    while True:
+      began = time.monotonic()
+      try:
+        return fn()
+      except Exception as e:  # noqa: BLE001 — classified by `failed`
+        first = began if first is None else first   # the deadline counts from the first failing try's start
+        time.sleep(self.failed(what, e, first, attempt))
+        attempt += 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what a shard is: name, size and version
+# ---------------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ObjectInfo:
+  """A file as a listing sees it: its path, size and version (an object store's generation, a local file's
+  modification time in ns) — what the index records and a run checks."""
+  path: str
+  size: int
+  version: str = ""
+
+
+def _remote_info(path: str, entry: dict) -> ObjectInfo:
+  version = entry.get("generation") or entry.get("etag") or entry.get("ETag") or entry.get("mtime") or ""
+  return ObjectInfo(path, int(entry.get("size") or 0), str(version))
+
+
+def _local_info(path: str) -> ObjectInfo:
+  st = os.stat(path)
+  return ObjectInfo(path, int(st.st_size), str(st.st_mtime_ns))
+
+
+def list_files(root: str, suffix: str, policy: RetryPolicy | None = None) -> list[ObjectInfo]:
+  """Every file under `root` (any depth) whose name ends with `suffix`, sorted, hidden names left out: one recursive
+  listing (an object store answers it in pages of 1,000 objects, sizes and generations included)."""
+  policy = policy or RetryPolicy()
+  if fileio.is_remote(root):
+    import fsspec
+    protocol = root.split("://", 1)[0]
+
+    def listing():
+      fs, inner = fsspec.core.url_to_fs(root)
+      fs.invalidate_cache()
+      return fs.find(inner.rstrip("/"), detail=True)
+
+    found = policy.call(listing, f"the listing of {root}")
+    return sorted((_remote_info(f"{protocol}://{p}", e) for p, e in found.items()
+                   if p.endswith(suffix) and not os.path.basename(p).startswith(".")), key=lambda o: o.path)
+  out = []
+  for directory, dirs, files in os.walk(root):
+    dirs.sort()
+    out.extend(_local_info(os.path.join(directory, f)) for f in files
+               if f.endswith(suffix) and not f.startswith("."))
+  return sorted(out, key=lambda o: o.path)
+
+
+def info(path: str, policy: RetryPolicy | None = None) -> ObjectInfo:
+  if fileio.is_remote(path):
+    import fsspec
+
+    def get():
+      fs, inner = fsspec.core.url_to_fs(path)
+      fs.invalidate_cache(inner)
+      return fs.info(inner)
+
+    return _remote_info(path, (policy or RetryPolicy()).call(get, path))
+  try:
+    return _local_info(path)
+  except FileNotFoundError:
+    raise ShardMissing(f"{path} is not there") from None
+
+
+def read_many(paths: list[str], policy: RetryPolicy | None = None, workers: int = 32) -> list[bytes | None]:
+  """Whole small files read concurrently (metadata: one _stats.json per shard); None where a file is missing."""
+  policy = policy or RetryPolicy()
+
+  def one(p):
+    try:
+      return policy.call(lambda: fileio.read_bytes(p), p)
+    except ShardMissing:
+      return None
+
+  if not paths:
+    return []
+  with cf.ThreadPoolExecutor(min(workers, len(paths))) as pool:
+    return list(pool.map(one, paths))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ranged reads, many in flight
+# ---------------------------------------------------------------------------------------------------------------
+class _LocalFiles:
+  """Open descriptors, at most `limit` at once, least recently used closed first — but never while another thread
+  is reading through it (a closed descriptor's number is reused by the next open: reading then returns another
+  file's bytes)."""
+
+  def __init__(self, limit: int = 256):
+    self.limit, self.lock = max(1, int(limit)), threading.Lock()
+    self.fds: dict[str, list] = {}   # path -> [fd, readers in flight]; insertion order = recency
+
+  def pread(self, path: str, start: int, end: int) -> bytes:
+    with self.lock:
+      entry = self.fds.pop(path, None)
+      if entry is None:
+        entry = [os.open(path, os.O_RDONLY), 0]
+      entry[1] += 1
+      self.fds[path] = entry
+      self._evict()
+    try:
+      out = os.pread(entry[0], end - start, start)
+    finally:
+      with self.lock:
+        entry[1] -= 1
+        if path not in self.fds and entry[1] == 0:
+          os.close(entry[0])   # evicted while this read was in flight: its last reader closes it
+        self._evict()
+    if len(out) < end - start:
+      raise ShardChanged(f"{path}: {len(out)} of the {end - start} bytes at {start} could be read: the file is "
+                         f"shorter than when it was indexed (replaced or truncated); rebuild the index")
+    return out
+
+  def _evict(self):
+    for path in list(self.fds):
+      if len(self.fds) <= self.limit:
+        return
+      fd, readers = self.fds[path]
+      del self.fds[path]
+      if readers == 0:
+        os.close(fd)
+
+  def close(self):
+    with self.lock:
+      for fd, readers in self.fds.values():
+        if readers == 0:
+          os.close(fd)
+      self.fds.clear()
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """Bytes [start, end) of `path`; `version` pins an object store's generation (a replaced object then reads as
+  missing instead of returning another object's bytes)."""
+  path: str
+  start: int
+  end: int
+  version: str = ""
+
+
+class Handle:
+  """The reads of one submit: `result()` waits for all of them (raising the first error that ends a read)."""
+
+  def __init__(self, futures):
+    self.futures = futures
+
+  def done(self) -> bool:
+    return all(f.done() for f in self.futures)
+
+  def result(self) -> list[bytes]:
+    return [f.result() for f in self.futures]
+
+  def cancel(self):
+    for f in self.futures:
+      f.cancel()
+
+
+class RangeReader:
+  """Concurrent ranged reads of local files and object-store objects, with the retry policy above."""
+
+  def __init__(self, policy: RetryPolicy | None = None, max_inflight: int = 64, local_threads: int = 16,
+               open_files: int = 256):
+    self.policy = policy or RetryPolicy()
+    self.max_inflight = max(1, int(max_inflight))
+    self.local = _LocalFiles(open_files)
+    self._local_pool = cf.ThreadPoolExecutor(max(1, int(local_threads)), thread_name_prefix="ncjax-pread")
+    self._fs: dict[str, object] = {}
+    self._semaphores: dict[int, asyncio.Semaphore] = {}
+    self.requests = 0
+    self.bytes = 0
+    self._count_lock = threading.Lock()
+
+  # --- local -------------------------------------------------------------------------------------------------
+  def _read_local(self, r: Range) -> bytes:
+    try:
+      out = self.policy.call(lambda: self.local.pread(r.path, r.start, r.end), r.path)
+    except FileNotFoundError:
+      raise ShardMissing(f"{r.path} is not there (deleted or renamed after it was indexed)") from None
+    self._count(len(out))
+    return out
+
+  def _count(self, n: int):
+    with self._count_lock:
+      self.requests += 1
+      self.bytes += n
+
+  # --- remote ------------------------------------------------------------------------------------------------
+  def _filesystem(self, path: str):
+    protocol = path.split("://", 1)[0]
+    if protocol not in self._fs:
+      import fsspec
+      self._fs[protocol] = fsspec.core.url_to_fs(path)[0]
+    return self._fs[protocol]
+
+  async def _read_remote(self, fs, r: Range) -> bytes:
+    key = id(asyncio.get_running_loop())
+    sem = self._semaphores.get(key)
+    if sem is None:
+      sem = self._semaphores[key] = asyncio.Semaphore(self.max_inflight)
+    inner = r.path.split("://", 1)[1]
+    kwargs = {"generation": r.version} if r.version and r.path.startswith("gs://") else {}
+    first, attempt = None, 0
+    while True:
+      began = time.monotonic()
+      try:
+        async with sem:
+          out = await asyncio.wait_for(fs._cat_file(inner, start=r.start, end=r.end, **kwargs),
+                                       self.policy.request_timeout_s)
+        if len(out) != r.end - r.start:
+          raise ShardChanged(f"{r.path}: {len(out)} of the {r.end - r.start} bytes at {r.start} were returned: the "
+                             f"object is not the one indexed (replaced or truncated); rebuild the index")
+        self._count(len(out))
+        return out
+      except (ShardChanged, asyncio.CancelledError):
+        raise
+      except Exception as e:  # noqa: BLE001 — classified by the policy
+        if kwargs and classify(e) == "missing":
+          raise ShardChanged(f"{r.path}: the generation {r.version} the index was built from is gone: the object was "
+                             f"replaced or deleted after the build; rebuild the index (python -m ncjax.data.build "
+                             f"--dataset=web)") from None
+        first = began if first is None else first
+        await asyncio.sleep(self.policy.failed(r.path, e, first, attempt))
+        attempt += 1
+
+  # --- both ----------------------------------------------------------------------------------------------------
+  def submit(self, ranges: list[Range]) -> Handle:
+    futures = []
+    for r in ranges:
+      if fileio.is_remote(r.path):
+        fs = self._filesystem(r.path)
+        if getattr(fs, "async_impl", False):
+          futures.append(asyncio.run_coroutine_threadsafe(self._read_remote(fs, r), fs.loop))
+          continue
+        futures.append(self._local_pool.submit(
+            lambda r=r, fs=fs: self.policy.call(lambda: fs.cat_file(r.path, start=r.start, end=r.end), r.path)))
+      else:
+        futures.append(self._local_pool.submit(self._read_local, r))
+    return Handle(futures)
+
+  def read(self, ranges: list[Range]) -> list[bytes]:
+    return self.submit(ranges).result()
+
+  def close(self):
+    self._local_pool.shutdown(wait=False, cancel_futures=True)
+    self.local.close()

@@ -1,0 +1,393 @@
+"""The index of an img2dataset output: where every sample starts in its tar, built once, checked whenever it is used.
+
+`python -m ncjax.data.build --dataset=web --manual_dir=ROOT` scans each shard once (headers parsed, images skipped
+by seeking) and writes ROOT/_ncjax_index/:
+* `offsets-<digest>.npy`: the first header byte of every sample in its shard (4 bytes per pair; 8 for shards over
+  4 GiB), named by a digest of its content, so that two merges of the same parts write the same object;
+* `clean-<digest>.npy`: 1 byte per pair, only with a clean key;
+* `manifest.json` (written last: its presence says the index is whole): for every shard its path relative to ROOT,
+  sample count, region end, **size and version** (an object store's generation, a local file's mtime), and the
+  names of the files above.
+
+An index that knows what it indexed. Part files are keyed by the shard's name (not its position in a listing) and
+carry its size and version: a build that finds a part of another size or version scans that shard again, and a merge
+refuses parts that do not match the listing, naming them. When a run opens the index, one recursive listing of ROOT
+(pages of 1,000 objects) is compared with the manifest: a missing shard, or one of another size or version, is one
+error naming it — before the first step, never offsets applied to the wrong tar. On an object store the reads are
+also pinned to the indexed generation (ncjax.data.store.Range), so an object replaced during the run is an error on
+its next read.
+
+Builds on many hosts (`--num_hosts/--host_index`) write disjoint parts; `--merge` may run on several hosts at once:
+each merge reads the same parts and writes the same bytes under the same names, the manifest last, and parts are
+removed only after a manifest exists (a merge that finds them gone returns that manifest).
+
+Opening a gs:// index: the offsets are downloaded once per host into a local cache (a file lock makes one process
+download while the others of the host wait; the copy streams in 8 MiB pieces, never the whole array in memory) and
+memory-mapped: the page cache holds one copy for every process of the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+
+import numpy as np
+
+from ncjax import fileio
+from ncjax.data import readers, store, web
+
+log = logging.getLogger("ncjax")
+
+INDEX_DIRNAME = "_ncjax_index"
+INDEX_VERSION = 2
+MISSING32 = np.iinfo(np.uint32).max
+MISSING64 = np.iinfo(np.uint64).max
+
+
+def index_dir_of(root: str, index_dir: str = "") -> str:
+  return index_dir or fileio.join(root, INDEX_DIRNAME)
+
+
+def relative(root: str, path: str) -> str:
+  root = root.rstrip("/") + "/"
+  return path[len(root):] if path.startswith(root) else os.path.relpath(path, root)
+
+
+def part_path(index_dir: str, shard_name: str) -> str:
+  """A shard's part file, keyed by the shard's name relative to the root (stable under any listing order)."""
+  return fileio.join(index_dir, "parts", hashlib.sha1(shard_name.encode()).hexdigest()[:24] + ".npz")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scanning one shard
+# ---------------------------------------------------------------------------------------------------------------
+def scan_shard(task) -> dict:
+  """One shard's sample offsets (first header byte of each sample), its region end and, with a clean key, the
+  clean flags: only headers and the small .json members are read from a local file (images are skipped by
+  seeking), an object is read front to back once. Transient store faults are retried (ncjax.data.store)."""
+  path, expected, clean_key, deadline_s = task
+  policy = store.RetryPolicy(deadline_s=deadline_s)
+  return policy.call(lambda: _scan(path, expected, clean_key), path)
+
+
+def _scan(path: str, expected, clean_key: str) -> dict:
+  offsets, ends, clean, error = [], [], [], ""
+  want = {"json"} if clean_key else set()
+  size = None
+  try:
+    with fileio.open_sequential(path) as f:
+      size = f.seek(0, 2)
+      f.seek(0)
+      for key, begin, sample_end, parts in web.iter_samples(f, want):
+        if expected is not None and len(offsets) >= expected:
+          break
+        offsets.append(begin)
+        ends.append(sample_end)
+        if clean_key:
+          value = web.Sample(0, meta=parts.get("json")).json().get(clean_key)
+          clean.append(1 if value is None else readers.clean_flag(value, f"{path}/{key}"))
+  except web.CorruptShard as e:
+    error = f"{type(e).__name__}: {e}"
+  # Images are skipped by seeking, which does not notice a file cut short: keep the samples that end inside it.
+  whole = int(np.searchsorted(np.asarray(ends, np.int64), size, side="right")) if size is not None else 0
+  if whole < len(offsets):
+    error = error or f"the tar is cut short at byte {size}"
+  return dict(path=path, offsets=np.asarray(offsets[:whole], np.uint64), end=int(ends[whole - 1]) if whole else 0,
+              clean=np.asarray(clean[:whole], np.uint8), expected=expected, error=error)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# build and merge
+# ---------------------------------------------------------------------------------------------------------------
+def _listing(root: str, policy: store.RetryPolicy) -> list[store.ObjectInfo]:
+  shards = store.list_files(root, ".tar", policy)
+  if not shards:
+    web.list_shards(root)   # raises with what is there
+  return shards
+
+
+def _existing_parts(index_dir: str, policy: store.RetryPolicy) -> set[str]:
+  parts_dir = fileio.join(index_dir, "parts")
+  return {o.path for o in store.list_files(parts_dir, ".npz", policy)} if fileio.exists(parts_dir) else set()
+
+
+def _part_matches(part: dict, name: str, info: store.ObjectInfo) -> bool:
+  return str(part.get("name")) == name and int(part.get("size", -1)) == info.size and \
+      str(part.get("version")) == info.version
+
+
+def build_index(root: str, *, index_dir: str = "", workers: int = 0, num_hosts: int = 1, host_index: int = 0,
+                clean_key: str = "", merge: bool | None = None, progress=None,
+                deadline_s: float = store.DEFAULT_DEADLINE_S) -> dict | None:
+  """Index the shards of `root`: host `host_index` of `num_hosts` scans shards host_index::num_hosts with
+  `workers` processes (0: one per usable core), writing one part per shard (a part already written for the same
+  shard name, size and version is kept, so an interrupted build continues); `merge` (default: on a single host)
+  joins the parts into the index files. Returns the manifest when merged. One listing and concurrent reads of the
+  shards' metadata: no per-shard round trips before the scan."""
+  from ncjax.data.sources import usable_cores
+  policy = store.RetryPolicy(deadline_s=deadline_s)
+  index_dir = index_dir_of(root, index_dir)
+  shards = _listing(root, policy)
+  names = [relative(root, o.path) for o in shards]
+  have = _existing_parts(index_dir, policy)
+  mine = [s for s in range(len(shards)) if s % num_hosts == host_index]
+  if have:   # a part of the same shard name but another size or version is stale: scan again
+    kept = [s for s in mine if part_path(index_dir, names[s]) in have]
+    stale = {s for s, part in zip(kept, _read_parts(index_dir, [names[s] for s in kept], policy))
+             if part is None or not _part_matches(part, names[s], shards[s])}
+    mine = [s for s in mine if part_path(index_dir, names[s]) not in have or s in stale]
+  counts = web.metadata_counts([shards[s].path for s in mine], policy=policy)
+  workers = workers or usable_cores()
+  tasks = [(shards[s].path, counts[k], clean_key, deadline_s) for k, s in enumerate(mine)]
+  done = 0
+
+  def save(s, result):
+    fileio.save_npz(part_path(index_dir, names[s]), offsets=result["offsets"], end=np.int64(result["end"]),
+                    clean=result["clean"], expected=np.int64(-1 if result["expected"] is None else result["expected"]),
+                    error=np.asarray(result["error"]), name=np.asarray(names[s]), size=np.int64(shards[s].size),
+                    version=np.asarray(shards[s].version))
+
+  if workers > 1 and len(tasks) > 1:
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(min(workers, len(tasks))) as pool:
+      for s, result in zip(mine, pool.imap(scan_shard, tasks, chunksize=1)):
+        save(s, result)
+        done += 1
+        if progress:
+          progress(done, len(tasks))
+  else:
+    for s, task in zip(mine, tasks):
+      save(s, scan_shard(task))
+      done += 1
+      if progress:
+        progress(done, len(tasks))
+  if merge is None:
+    merge = num_hosts == 1
+  return merge_index(root, index_dir, clean_key, listing=shards, deadline_s=deadline_s) if merge else None
+
+
+def _read_parts(index_dir: str, names: list[str], policy: store.RetryPolicy) -> list[dict | None]:
+  raw = store.read_many([part_path(index_dir, n) for n in names], policy)
+  out = []
+  for data in raw:
+    if data is None:
+      out.append(None)
+      continue
+    with np.load(io.BytesIO(data)) as z:
+      out.append({k: z[k] for k in z.files})
+  return out
+
+
+def _digest_name(prefix: str, array: np.ndarray) -> tuple[str, bytes]:
+  buf = io.BytesIO()
+  np.save(buf, array)
+  data = buf.getvalue()
+  return f"{prefix}-{hashlib.sha256(data).hexdigest()[:16]}.npy", data
+
+
+def merge_index(root: str, index_dir: str = "", clean_key: str = "", *, listing=None,
+                deadline_s: float = store.DEFAULT_DEADLINE_S) -> dict:
+  """Join the per-shard parts (every host's) into the index files; raises naming the shards not yet scanned or
+  scanned from another version of the shard."""
+  policy = store.RetryPolicy(deadline_s=deadline_s)
+  index_dir = index_dir_of(root, index_dir)
+  shards = listing if listing is not None else _listing(root, policy)
+  names = [relative(root, o.path) for o in shards]
+  parts = _read_parts(index_dir, names, policy)
+  missing = [n for n, p in zip(names, parts) if p is None]
+  if missing:
+    done = read_manifest(index_dir)   # another host's merge may have finished (and removed the parts) just now
+    if done is not None and _manifest_matches(done, names, shards):
+      return done
+    raise readers.DataFormatError(f"{len(missing)} shards of {root} are not indexed yet (e.g. {missing[0]}): run "
+                                  f"the build on every host (--num_hosts/--host_index) before --merge")
+  stale = [n for n, p, o in zip(names, parts, shards) if not _part_matches(p, n, o)]
+  if stale:
+    raise readers.DataFormatError(f"{len(stale)} shards of {root} changed since they were scanned (e.g. {stale[0]}: "
+                                  f"another size or version): run the build again (it rescans only those)")
+  counts, ends, errors, offsets, cleans = [], [], {}, [], []
+  for name, part in zip(names, parts):
+    got = part["offsets"]
+    expected = int(part["expected"])
+    n = expected if expected >= 0 else len(got)
+    counts.append(n)
+    ends.append(int(part["end"]))
+    err = str(part["error"])
+    if err or len(got) < n:
+      errors[name] = err or f"{len(got)} of {n} samples in the tar"
+    offsets.append(got[:n])
+    if clean_key:
+      flags = np.ones(n, np.uint8)
+      flags[:len(part["clean"])] = part["clean"][:n]
+      cleans.append(flags)
+  wide = max(ends, default=0) >= MISSING32
+  dtype, missing_value = (np.uint64, MISSING64) if wide else (np.uint32, MISSING32)
+  total = int(sum(counts))
+  flat = np.full(total, missing_value, dtype)
+  pos = 0
+  for n, got in zip(counts, offsets):
+    flat[pos:pos + len(got)] = got
+    pos += n
+  fileio.makedirs(index_dir)
+  offsets_name, data = _digest_name("offsets", flat)
+  fileio.write_bytes(fileio.join(index_dir, offsets_name), data)
+  clean_name = ""
+  if clean_key:
+    clean_name, data = _digest_name("clean", np.concatenate(cleans) if cleans else np.zeros(0, np.uint8))
+    fileio.write_bytes(fileio.join(index_dir, clean_name), data)
+  manifest = dict(version=INDEX_VERSION, shards=names, counts=counts, ends=ends, sizes=[o.size for o in shards],
+                  versions=[o.version for o in shards], offsets_file=offsets_name, offsets_dtype=np.dtype(dtype).name,
+                  clean_file=clean_name, clean_key=clean_key, num_examples=total, bad_shards=errors)
+  fileio.write_text(fileio.join(index_dir, "manifest.json"), json.dumps(manifest))
+  for name in names:
+    with contextlib.suppress(FileNotFoundError, OSError):
+      fileio.remove(part_path(index_dir, name))
+  return manifest
+
+
+def read_manifest(index_dir: str) -> dict | None:
+  path = fileio.join(index_dir, "manifest.json")
+  try:
+    return json.loads(fileio.read_text(path))
+  except FileNotFoundError:
+    return None
+
+
+def _manifest_matches(manifest: dict, names, shards) -> bool:
+  return manifest.get("version") == INDEX_VERSION and manifest.get("shards") == list(names) and \
+      manifest.get("sizes") == [o.size for o in shards] and manifest.get("versions") == [o.version for o in shards]
+
+
+def check_shards(root: str, manifest: dict, policy: store.RetryPolicy | None = None) -> list[store.ObjectInfo]:
+  """The manifest's shards as they are now (one listing), or one error naming a shard that is missing or is not the
+  one indexed. Local files are compared by size and modification time; objects by size and generation."""
+  found = {o.path: o for o in store.list_files(root, ".tar", policy or store.RetryPolicy())}
+  out, missing, changed = [], [], []
+  for name, size, version in zip(manifest["shards"], manifest["sizes"], manifest["versions"]):
+    path = fileio.join(root, name)
+    o = found.get(path)
+    if o is None:
+      missing.append(name)
+    elif o.size != size or o.version != version:
+      changed.append(f"{name} (indexed {size} bytes, version {version}; now {o.size} bytes, version {o.version})")
+    out.append(o)
+  if missing:
+    raise store.ShardMissing(f"{len(missing)} shards indexed under {root} are not there (e.g. {missing[0]}): they "
+                             f"were deleted or moved after the build; restore them or rebuild the index "
+                             f"(python -m ncjax.data.build --dataset=web --manual_dir={root})")
+  if changed:
+    raise store.ShardChanged(f"{len(changed)} shards under {root} changed after the index was built (e.g. "
+                             f"{changed[0]}): the offsets would read the wrong bytes; rebuild the index (python -m "
+                             f"ncjax.data.build --dataset=web --manual_dir={root}; unchanged shards are not rescanned)")
+  return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a built index, opened for reading
+# ---------------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _host_lock(path: str):
+  """An exclusive lock shared by the processes of one host (released when the holder exits, even by a kill)."""
+  import fcntl
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "a+") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _download(src: str, dst: str, policy: store.RetryPolicy, chunk: int = 8 << 20) -> None:
+  """Copy a (large) object to a local file in pieces: memory stays at one piece, the file appears whole or not."""
+  tmp = f"{dst}.partial-{os.getpid()}"
+
+  def copy():
+    with fileio.open_file(src, "rb") as f, open(tmp, "wb") as out:
+      while True:
+        data = f.read(chunk)
+        if not data:
+          break
+        out.write(data)
+    os.replace(tmp, dst)
+
+  try:
+    policy.call(copy, src)
+  finally:
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(tmp)
+
+
+def cache_dir_of(index_dir: str, cache_dir: str = "") -> str:
+  key = hashlib.sha1(fileio.absolute(index_dir).encode()).hexdigest()[:16]
+  return os.path.join(cache_dir or os.path.expanduser("~/.cache/ncjax/web"), key)
+
+
+class WebIndex:
+  """A built index: the manifest, the offsets and clean flags memory-mapped (a gs:// index from a per-host cache)."""
+
+  def __init__(self, index_dir: str, manifest: dict, local_dir: str):
+    self.index_dir, self.manifest = index_dir, manifest
+    self.offsets = np.load(os.path.join(local_dir, manifest["offsets_file"]), mmap_mode="r")
+    self.clean = np.load(os.path.join(local_dir, manifest["clean_file"]), mmap_mode="r") \
+        if manifest.get("clean_file") else None
+    if len(self.offsets) != manifest["num_examples"]:
+      raise readers.DataFormatError(f"{index_dir}: {manifest['offsets_file']} holds {len(self.offsets)} offsets for "
+                                    f"{manifest['num_examples']} pairs: rebuild the index")
+    self.ends = np.asarray(manifest["ends"], np.int64)
+    self.missing = np.iinfo(self.offsets.dtype).max
+
+  @classmethod
+  def open(cls, index_dir: str, cache_dir: str = "", policy: store.RetryPolicy | None = None) -> "WebIndex":
+    policy = policy or store.RetryPolicy()
+    manifest = policy.call(lambda: read_manifest(index_dir), fileio.join(index_dir, "manifest.json"))
+    if manifest is None:
+      raise readers.DataFormatError(f"{index_dir} holds no manifest.json: the index is not built (or its merge did "
+                                    f"not finish)")
+    if manifest.get("version") != INDEX_VERSION:
+      raise readers.DataFormatError(f"{index_dir}: index version {manifest.get('version')}, this ncjax reads "
+                                    f"{INDEX_VERSION} (which records each shard's size and version): rebuild it "
+                                    f"with python -m ncjax.data.build --dataset=web")
+    if not fileio.is_remote(index_dir):
+      return cls(index_dir, manifest, index_dir)
+    local = cache_dir_of(index_dir, cache_dir)
+    with _host_lock(os.path.join(local, ".lock")):   # one process per host downloads; the others wait, then map it
+      for name in (manifest["offsets_file"], manifest.get("clean_file")):
+        if name and not os.path.isfile(os.path.join(local, name)):   # content-addressed: present means whole
+          _download(fileio.join(index_dir, name), os.path.join(local, name), policy)
+    return cls(index_dir, manifest, local)
+
+  def sample_range(self, ds: "web.WebDataset", sample_id: int) -> tuple[int, int, int] | None:
+    """(shard, start, end) of the bytes of sample `sample_id`, None when the tar lacks it."""
+    s = int(np.searchsorted(ds.starts, sample_id, side="right") - 1)
+    start = int(self.offsets[sample_id])
+    if start == self.missing:
+      return None
+    last = sample_id + 1 >= ds.starts[s + 1]
+    end = int(self.ends[s]) if last else int(self.offsets[sample_id + 1])
+    if end == self.missing:
+      end = int(self.ends[s])
+    return s, start, end
+
+  def run_ranges(self, ds: "web.WebDataset", first: int, last: int) -> list[tuple[int, int, int, int, int]]:
+    """The reads that cover ids [first, last): (shard, start byte, end byte, first id, id count) per shard touched,
+    leaving out samples the tar lacks (those are always a shard's trailing ones)."""
+    out = []
+    s = int(np.searchsorted(ds.starts, first, side="right") - 1)
+    while first < last:
+      shard_end_id = int(ds.starts[s + 1])
+      hi = min(last, shard_end_id)
+      present = first
+      block = np.asarray(self.offsets[first:hi])
+      present = first + int(np.count_nonzero(block != self.missing))
+      if present > first:
+        start = int(block[0])
+        end = int(self.offsets[present]) if present < shard_end_id and self.offsets[present] != self.missing \
+            else int(self.ends[s])
+        out.append((s, start, end, first, present - first))
+      first, s = hi, s + 1
+    return out
