@@ -44,6 +44,23 @@ def register_array_handler(min_replica_parallel_slice_bytes: int | None = MIN_RE
 register_array_handler()
 
 
+# tensorstore (orbax's array writes to gs://) retries a failing request up to 32 times with delays growing to 32 s
+# (about a quarter of an hour) before it reports anything: a dead store left a run hanging for over 10 minutes
+# (2026-11-25). Bounded here to ~2 minutes of retries per request; the Checkpointer's own write deadline (below)
+# bounds the whole save. Orbax builds its tensorstore contexts from these module dicts (orbax 0.12 pinned).
+TENSORSTORE_GCS_RETRIES = {"max_retries": 8, "initial_delay": "1s", "max_delay": "16s"}
+
+
+def _bound_tensorstore_retries():
+  from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+  for context in (ts_utils._BASE_TS_CONTEXT, ts_utils._DEFAULT_OCDBT_TS_CONTEXT):   # noqa: SLF001
+    context["gcs_request_retries"] = dict(TENSORSTORE_GCS_RETRIES)
+
+
+_bound_tensorstore_retries()
+DEFAULT_WRITE_DEADLINE_S = 600.0
+
+
 def git_hash() -> str:
   try:
     here = os.path.dirname(os.path.abspath(__file__))
@@ -100,8 +117,12 @@ def _errno_of(e: Exception) -> int | None:
 class Checkpointer:
   """Save every `every_steps` (and at the end), keep `keep`, restore the latest (auto-resume)."""
 
-  def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+  def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True,
+               write_deadline_s: float = DEFAULT_WRITE_DEADLINE_S):
+    """`write_deadline_s` (config ckpt.write_deadline_s): how long a save, or the wait for an asynchronous one, may
+    take before the run stops with one line — a store that does not answer must not hang a run for ever."""
     self.directory = fileio.absolute(directory)
+    self.write_deadline_s = float(write_deadline_s)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep if keep and keep > 0 else None,
                                            enable_async_checkpointing=async_save, create=True,
                                            # a run killed mid-save leaves STEP.orbax-checkpoint-tmp: removed here
@@ -115,20 +136,38 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self.manager.all_steps())
 
+  def _within_deadline(self, fn, what: str):
+    """fn() in a helper thread, given `write_deadline_s` to finish: past that, CheckpointWriteError (the thread is
+    left to the process's exit; the step it was writing never gets its commit marker, so it is not a checkpoint)."""
+    if not self.write_deadline_s or self.write_deadline_s <= 0:
+      return fn()
+    import concurrent.futures as cf
+    pool = cf.ThreadPoolExecutor(1, thread_name_prefix="ncjax-ckpt-deadline")
+    future = pool.submit(fn)
+    pool.shutdown(wait=False)
+    try:
+      return future.result(timeout=self.write_deadline_s)
+    except cf.TimeoutError:
+      raise self._write_error(TimeoutError(f"not finished after {self.write_deadline_s:g} s (ckpt.write_deadline_s)"),
+                              what, look=False) from None
+
   def save(self, step: int, state, meta: dict, data_state: dict, *, force: bool = False) -> bool:
     try:
-      return self.manager.save(step, args=ocp.args.Composite(
+      return self._within_deadline(lambda: self.manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta), data=ocp.args.JsonSave(data_state)),
-          force=force)
+          force=force), f"saving the checkpoint of step {step}")
+    except CheckpointWriteError:
+      raise
     except Exception as e:  # this save, or an earlier asynchronous one surfacing here
       if not (_is_write_failure(e) or fileio.is_remote(self.directory)):   # remote: any client error is one
         raise
       raise self._write_error(e, f"saving the checkpoint of step {step} (or the asynchronous save before it)") \
           from e
 
-  def _write_error(self, e: Exception, what: str) -> CheckpointWriteError:
-    try:
-      finished = self.manager.all_steps(read=True) if fileio.isdir(self.directory) else []
+  def _write_error(self, e: Exception, what: str, look: bool = True) -> CheckpointWriteError:
+    finished = []
+    try:   # (not when the store stopped answering: listing it would hang as long again)
+      finished = self.manager.all_steps(read=True) if look and fileio.isdir(self.directory) else []
     except Exception:   # the storage itself is gone (a dead object store): say so rather than raise again
       finished = []
     kept = (f"the last complete checkpoint (step {max(finished)}) is intact and a re-run resumes from it"
@@ -168,7 +207,9 @@ class Checkpointer:
 
   def wait(self):
     try:
-      self.manager.wait_until_finished()
+      self._within_deadline(self.manager.wait_until_finished, "an asynchronous checkpoint save")
+    except CheckpointWriteError:
+      raise
     except Exception as e:
       if not (_is_write_failure(e) or fileio.is_remote(self.directory)):
         raise

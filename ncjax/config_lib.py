@@ -193,8 +193,10 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Periodic checkpoints every `every_steps` steps and every `every_minutes` of wall-clock time (0: off), keeping
   # the last `keep`; a preemption (SIGTERM) always saves the step it stops at.
+  # write_deadline_s: how long a save (or the wait for an asynchronous one) may take before the run stops with one
+  # line, its last finished checkpoint intact (a store that stopped answering; 0: no deadline)
   c.ckpt = ml_collections.ConfigDict(dict(every_steps=0, every_minutes=5.0, keep=3, async_save=True,
-                                          save_at_end=True))
+                                          save_at_end=True, write_deadline_s=600.0))
 
   # Metrics: metrics.jsonl always (process 0); TensorBoard; Weights & Biases (`wandb=True`, process 0 only, the run
   # id kept in WORKDIR/wandb_run_id.txt so a resumed run continues the same wandb run; wandb_mode 'offline' needs

@@ -360,6 +360,7 @@ def main(argv):
   _init_jax()
   logging.getLogger("ncjax").setLevel(logging.INFO)
   from ncjax.checkpoint import CheckpointWriteError
+  from ncjax.data.readers import DataFormatError
   from ncjax.evals import EvaluatorConfigError
   from ncjax.fileio import StorageError
   from ncjax.train import PREEMPTED_EXIT_STATUS, Preempted
@@ -376,10 +377,12 @@ def main(argv):
   except EvaluatorConfigError as e:
     print(f"ncjax: error: {e}", file=sys.stderr, flush=True)
     sys.exit(2)
-  except (CheckpointWriteError, StorageError) as e:
+  except (CheckpointWriteError, StorageError, DataFormatError) as e:
     # One clear line, then exit without interpreter shutdown: orbax's writer threads would otherwise bury it
     # under their own tracebacks. Nothing is lost: metrics are flushed and finished checkpoints are final.
-    print(f"ncjax: error: {e.strerror}", file=sys.stderr, flush=True)
+    # (A store that stopped answering, a shard missing or changed since its index was built, a file not in the
+    # layout it should have.)
+    print(f"ncjax: error: {getattr(e, 'strerror', None) or e}", file=sys.stderr, flush=True)
     os._exit(2)
 
 

@@ -226,7 +226,8 @@ class Trainer:
     if step is None:  # training: the workdir takes checkpoints and metrics (checked before any work)
       ckpt_lib.ensure_writable(workdir)
     self.checkpointer = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), keep=config.ckpt.keep,
-                                              async_save=config.ckpt.async_save)
+                                              async_save=config.ckpt.async_save,
+                                              write_deadline_s=config.ckpt.write_deadline_s)
     latest = self.checkpointer.latest_step() if step is None else step
     if step is not None and step not in self.checkpointer.all_steps():
       raise FileNotFoundError(f"{workdir} has no checkpoint at step {step}; it has {self.checkpointer.all_steps()}")
@@ -293,6 +294,12 @@ class Trainer:
       if key in meta and meta[key] != value:
         raise ValueError(f"cannot resume {where}: {what[key]} differs: checkpoint {meta[key]!r}, this config "
                          f"{value!r}. Use a new --workdir for a different run.")
+    check_order = getattr(exp.train_data, "check_resume", None)
+    if check_order is not None:   # web data: the order of the remaining steps depends on more than the step
+      try:
+        check_order(meta.get("data") or {})
+      except ValueError as e:
+        raise ValueError(f"cannot resume {where}: {str(e).removeprefix('cannot resume: ')}") from None
     order = meta.get("data", {}).get("order_version", 1)
     if order != exp.train_data.iterator_state(meta["step"]).get("order_version", order):
       log.warning("resuming %s, whose data order was drawn by an earlier ncjax (order version %s): from here the "

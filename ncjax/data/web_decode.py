@@ -22,6 +22,8 @@ import dataclasses
 import functools
 import io
 import multiprocessing
+import os
+import re
 import threading
 
 import numpy as np
@@ -124,7 +126,8 @@ def make_example(spec: ExampleSpec, settings: DecodeSettings, tokenizer, out: np
       if out is not None:
         out[...] = image
   except Exception as e:  # noqa: BLE001 — PIL raises many types for bytes that are not an image
-    raise BadExample(f"the image does not decode: {type(e).__name__}: {e}") from None
+    text = re.sub(r" ?<[^>]*>", "", str(e))   # PIL names the BytesIO object: an address, different every run
+    raise BadExample(f"the image does not decode: {type(e).__name__}: {text}") from None
   return image, tokenizer.encode([spec.caption])[0]
 
 
@@ -172,15 +175,23 @@ def _worker_init(settings: DecodeSettings):
   _WORKER.update(settings=settings, tokenizer=_tokenizer_from(settings), shm={})
 
 
+def _attach(name: str):
+  """The parent's shared-memory buffer, mapped without registering it with multiprocessing's resource tracker (which
+  would unlink the parent's buffer when this worker exits; Python 3.13's track=False does the same)."""
+  import mmap
+  path = os.path.join("/dev/shm", name.lstrip("/"))
+  with open(path, "r+b") as f:
+    return mmap.mmap(f.fileno(), 0)
+
+
 def _worker_make(shm_name: str, shape: tuple, rows: list[int], specs: list[ExampleSpec]):
-  from multiprocessing import shared_memory
   segments = _WORKER["shm"]
   if shm_name not in segments:
     if len(segments) > 16:   # buffers of finished runs
       for old in list(segments)[:8]:
         segments.pop(old).close()
-    segments[shm_name] = shared_memory.SharedMemory(name=shm_name, track=False)
-  images = np.ndarray(shape, np.float32, buffer=segments[shm_name].buf)
+    segments[shm_name] = _attach(shm_name)
+  images = np.ndarray(shape, np.float32, buffer=segments[shm_name])
   out = []
   for row, spec in zip(rows, specs):
     try:

@@ -246,6 +246,9 @@ def merge_index(root: str, index_dir: str = "", clean_key: str = "", *, listing=
   for name in names:
     with contextlib.suppress(FileNotFoundError, OSError):
       fileio.remove(part_path(index_dir, name))
+  if not fileio.is_remote(index_dir):   # an object store has no empty directories to leave behind
+    with contextlib.suppress(OSError):
+      os.rmdir(os.path.join(index_dir, "parts"))
   return manifest
 
 

@@ -52,21 +52,27 @@ def captions(first_id: int, n: int, seed: int = 0) -> list[str]:
 def write_img2dataset(root: str, num_pairs: int, *, per_shard: int = 10000, image_size: int = 32, pool: int = 64,
                       failed_every: int = 50, clean_key: str = "", noisy_every: int = 0, corrupt_images=(),
                       truncate_shards=(), json_members: bool = True, parquet: bool = True, stats: bool = True,
-                      seed: int = 0, images: list[bytes] | None = None) -> dict:
+                      seed: int = 0, images: list[bytes] | None = None, shard_sizes=None,
+                      invalid_utf8=()) -> dict:
   """img2dataset's webdataset output for `num_pairs` successful pairs under `root` (local or gs://).
 
   Every `failed_every`-th attempted row failed to download (in the parquet, not in the tar). With `clean_key`, each
   .json carries a clean flag (0 for every `noisy_every`-th pair). `corrupt_images`: global ids whose image bytes
-  are not a JPEG; `truncate_shards`: shards whose tar is cut in the middle of their second half. Returns
+  are not a JPEG; `truncate_shards`: shards whose tar is cut in the middle of their second half; `shard_sizes`: the
+  pairs of each shard (unequal, as img2dataset's are: its shards lose different numbers of failed downloads;
+  num_pairs is then their sum); `invalid_utf8`: global ids whose .txt caption is not valid UTF-8. Returns
   {shards, counts, captions (callable id -> caption), image_of (callable id -> bytes)}."""
   images = images or jpeg_pool(pool, image_size, seed)
   corrupt = set(int(i) for i in corrupt_images)
+  bad_text = set(int(i) for i in invalid_utf8)
+  if shard_sizes is not None:
+    num_pairs = int(sum(shard_sizes))
   fileio.makedirs(root)
   counts, shards = [], []
   next_id = 0
   shard = 0
   while next_id < num_pairs:
-    n = min(per_shard, num_pairs - next_id)
+    n = int(shard_sizes[shard]) if shard_sizes is not None else min(per_shard, num_pairs - next_id)
     caps = captions(next_id, n, seed)
     chunks, rows = [], dict(url=[], key=[], caption=[], status=[], error_message=[], width=[], height=[],
                             original_width=[], original_height=[], exif=[], sha256=[])
@@ -95,7 +101,8 @@ def write_img2dataset(root: str, num_pairs: int, *, per_shard: int = 10000, imag
       if clean_key:
         meta[clean_key] = int(not (noisy_every and gid % noisy_every == 0))
       chunks.append(web.tar_member(f"{key}.jpg", img))
-      chunks.append(web.tar_member(f"{key}.txt", cap.encode("utf-8")))
+      text = cap.encode("utf-8") if gid not in bad_text else b"caption \xff\xfe not utf-8"
+      chunks.append(web.tar_member(f"{key}.txt", text))
       if json_members:
         chunks.append(web.tar_member(f"{key}.json", json.dumps(meta).encode("utf-8")))
       written += 1
@@ -115,8 +122,13 @@ def write_img2dataset(root: str, num_pairs: int, *, per_shard: int = 10000, imag
     shards.append(stem + ".tar")
     next_id += n
     shard += 1
-  return dict(shards=shards, counts=counts, images=images,
-              caption=lambda i: captions(i - (i % per_shard), per_shard, seed)[i % per_shard],
+  starts = np.concatenate([[0], np.cumsum(counts)])
+
+  def caption_of(i):
+    s = int(np.searchsorted(starts, i, side="right") - 1)
+    return captions(int(starts[s]), int(counts[s]), seed)[i - int(starts[s])]
+
+  return dict(shards=shards, counts=counts, images=images, caption=caption_of,
               image_of=lambda i: b"\xff\xd8 not a jpeg" if i in corrupt else images[i % len(images)])
 
 

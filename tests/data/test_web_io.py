@@ -1,0 +1,376 @@
+"""How web data is read (ncjax.data.store, web_index, mixture, web_pipeline, web_decode), on local disk: the block
+order and its noise, block reads (every pair once per epoch, disjoint process shares, resume mid-window, requests per
+pair), streamed epochs that partition the pairs over 2-4 processes when shard sizes differ, resumes refused when the
+order would change, an index that knows what it indexed (a replaced, deleted or added shard; two merges at once),
+the fault policy (store faults retried then stopped, never bad records), descriptors evicted while read, and the
+thread and process decoders agreeing bitwise. Object-store faults against a real server: tests/train/
+test_web_faults.py."""
+
+import concurrent.futures as cf
+import errno
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ncjax import fileio
+from ncjax.data import mixture, store, streams, web, web_decode, web_index, web_pipeline, web_synthetic
+from ncjax.data.noise import BlockNoise, PermutedNoise
+from ncjax.tokenizers import WordTokenizer
+
+SIZES = [230, 410, 95, 305, 170, 260, 340, 190]          # unequal shards, as img2dataset writes them (2,000 pairs)
+N = sum(SIZES)
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp("uneven") / "data")
+  info = web_synthetic.write_img2dataset(root, 0, shard_sizes=SIZES, image_size=8, pool=16, corrupt_images=(7,),
+                                         invalid_utf8=(400,))
+  manifest = web_index.build_index(root, workers=1)
+  return dict(root=root, info=info, manifest=manifest)
+
+
+def _tokenizer():
+  return WordTokenizer.build(web_synthetic.captions(0, 200), context_length=12)
+
+
+def _data(root_or_ds, mode="index", batch=40, **kw):
+  ds = web.open_dataset(root_or_ds, use_index=mode == "index") if isinstance(root_or_ds, str) else root_or_ds
+  kw.setdefault("image_size", 8)
+  kw.setdefault("num_threads", 2)
+  kw.setdefault("process_index", 0)
+  kw.setdefault("process_count", 1)
+  return web_pipeline.WebTrainData([ds], _tokenizer(), batch, 3, None, mode=mode, **kw)
+
+
+# --- the block order and its noise ------------------------------------------------------------------------------
+@pytest.mark.parametrize("n,block", [(1, 4), (64, 64), (1003, 64), (1000, 7)])
+def test_the_block_order_lists_every_pair_once_per_epoch_in_runs_of_whole_blocks(n, block):
+  order = mixture.BlockOrder(n, block, seed=5, dataset=1)
+  epochs = [order(np.arange(e * n, (e + 1) * n)) for e in range(3)]
+  for ids in epochs:
+    assert sorted(ids.tolist()) == list(range(n))
+    starts = np.flatnonzero(np.diff(ids, prepend=-2) != 1)          # where a run of consecutive ids begins
+    assert all(ids[s] % block == 0 for s in starts)                 # every run starts a block ...
+    runs = np.diff(np.append(starts, n))
+    assert all(r % block == 0 or ids[s] + r == n for s, r in zip(starts, runs))   # ... and ends one
+  if n // block >= 8:
+    assert not np.array_equal(epochs[0], epochs[1])                 # a new block order every epoch
+  np.testing.assert_array_equal(order(np.arange(n, 2 * n)[::-1]), epochs[1][::-1])   # any query order
+
+
+@pytest.mark.parametrize("derangement", [False, True])
+def test_block_noise_shuffles_images_inside_each_block_at_the_exact_ratio(derangement):
+  n, ratio, block = 1000, 0.4, 64
+  noise = BlockNoise(n, ratio, seed=2, block=block, derangement=derangement)
+  partner = noise.image_of(np.arange(n))
+  assert sorted(partner.tolist()) == list(range(n))                 # every image shown once
+  np.testing.assert_array_equal(partner // block, np.arange(n) // block)   # from the caption's own block
+  per_block = [(partner[b * block:(b + 1) * block] != np.arange(b * block, min(n, (b + 1) * block))).sum()
+               for b in range(-(-n // block))]
+  moved = int(np.sum(per_block))
+  if derangement:
+    assert moved == int(np.floor(ratio * n)) == 400
+    assert set(per_block[:-1]) <= {25, 26}                          # floor(0.4 (b+1) 64) - floor(0.4 b 64)
+  else:
+    assert 380 <= moved < 400                                       # a few keep their own image, as NCR's
+  np.testing.assert_array_equal(noise.image_of(np.arange(n)[::-1]), partner[::-1])
+  assert noise.sha256 != BlockNoise(n, ratio, 2, 32, derangement).sha256
+
+
+# --- block reads ----------------------------------------------------------------------------------------------
+def test_block_reads_visit_every_pair_once_per_epoch_and_split_windows_between_processes(uneven):
+  root = uneven["root"]
+  one = _data(root, batch=40, read="block", block=16, shuffle_pairs=160)
+  assert one.read == "block" and one.steps_per_window == 4
+  # the position stream lists every pair once per epoch; a window's steps deal out exactly the window's positions
+  assert sorted(one._ids_at(np.arange(N)).tolist()) == sorted(one._ids_at(np.arange(N, 2 * N)).tolist()) == \
+      list(range(N))
+  ids = np.concatenate([one.indices(s) for s in range(48)])          # 12 whole windows, all in epoch 0
+  assert sorted(ids.tolist()) == sorted(one._ids_at(np.arange(48 * 40)).tolist())
+  assert len(np.unique(ids)) == len(ids)
+  window = np.concatenate([one.indices(s) for s in range(4, 8)])
+  # two processes: each reads its own contiguous share of every window; together, the window's pairs
+  parts = [_data(root, batch=40, read="block", block=16, shuffle_pairs=80, process_index=p, process_count=2)
+           for p in range(2)]
+  assert parts[0].steps_per_window == 4
+  halves = [np.concatenate([parts[p]._local_ids(s, p) for s in range(4, 8)]) for p in range(2)]
+  assert not set(halves[0].tolist()) & set(halves[1].tolist())
+  assert sorted(np.concatenate(halves).tolist()) == sorted(window.tolist())
+  # a batch mixes many blocks: at most a few pairs of any one block
+  counts = np.bincount(one.indices(5) // 16)
+  assert counts.max() <= 12 and (counts > 0).sum() >= 5
+
+
+def test_block_reads_resume_bitwise_mid_window_with_one_request_per_block(uneven):
+  make = lambda: _data(uneven["root"], batch=40, read="block", block=16, shuffle_pairs=160)
+  data = make()
+  full = list(data.host_batches(0, 12))
+  requests = data.last_reads["requests"]
+  # 12 steps x 40 pairs from blocks of 16: ~30 blocks, a few read twice (at window edges) or in two pieces (across a
+  # shard's end) — not one request per pair
+  assert 30 <= requests <= 12 * 40 / 16 + 3 * 6, requests
+  resumed = list(make().host_batches(6, 12))                        # inside the second window of 4 steps
+  for a, b in zip(full[6:], resumed):
+    for k in ("image", "tokens", "id", "clean", "_skipped"):
+      np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+  assert data.iterator_state(12)["steps_per_window"] == 4
+
+
+def test_block_noise_shows_each_noisy_caption_with_its_partners_image(uneven):
+  root = uneven["root"]
+  data = _data(root, batch=40, read="block", block=16, shuffle_pairs=80, augment=True,
+               noise=PermutedNoise(N, 0.4, seed=1))
+  assert isinstance(data.noise, BlockNoise) and data.noise.block == 16
+  ds = data.datasets[0]
+  seen_noisy = 0
+  for step, batch in enumerate(data.host_batches(0, 3)):
+    partners = data.noise.image_of(batch["id"])
+    for k, (gid, partner) in enumerate(zip(batch["id"], partners)):
+      own, shown = ds.read(int(gid)), ds.read(int(partner))
+      if own.bad or shown.bad:
+        continue
+      # the image is the partner's, cropped by this position's draw; the caption is the pair's own
+      expected = web_decode.decode_train(shown.image, 8, streams.crop_rng(3, step, k), "openai", (0.9, 1.0))
+      np.testing.assert_array_equal(batch["image"][k], expected)
+      np.testing.assert_array_equal(batch["tokens"][k], data.tokenizer.encode([own.caption])[0])
+      assert bool(batch["clean"][k]) == (partner == gid)
+      seen_noisy += partner != gid
+  assert seen_noisy >= 30
+
+
+# --- streamed epochs with unequal shards -------------------------------------------------------------------------
+@pytest.mark.parametrize("processes", [2, 3, 4])
+def test_streamed_epochs_partition_the_pairs_over_processes_when_shard_sizes_differ(uneven, processes):
+  ds = web.open_dataset(uneven["root"], use_index=False)
+  epochs = {0: [], 1: []}
+  for p in range(processes):
+    schedule = mixture.ShardSchedule(ds.counts, 3, 0, p, processes, window=2)
+    assert schedule.epoch_size in (N // processes, N // processes + 1)
+    reader = web_pipeline.StreamReader(ds, schedule, buffer=64)
+    for e in epochs:
+      epochs[e].extend(reader.take(q).id for q in range(e * schedule.epoch_size, (e + 1) * schedule.epoch_size))
+  for e, ids in epochs.items():
+    assert sorted(ids) == list(range(N)), e                          # every pair exactly once per epoch
+  # the old scheme (every P-th whole shard) left processes with unequal epochs: 1,990 pairs over 4 processes
+  shares = [ds.counts[np.arange(p, len(SIZES), 4)].sum() for p in range(4)]
+  assert max(shares) - min(shares) > 100
+
+
+def test_a_resume_is_refused_when_the_order_of_the_remaining_steps_would_differ(uneven):
+  root = uneven["root"]
+  streamed = _data(root, "stream", window=2, buffer=64, process_count=2)
+  saved = streamed.iterator_state(7)
+  streamed.check_resume(saved)                                       # the same settings: fine
+  for changed in (dict(window=3), dict(buffer=32), dict(process_count=4)):
+    other = _data(root, "stream", **{**dict(window=2, buffer=64, process_count=2), **changed})
+    with pytest.raises(ValueError, match="cannot resume: the web data's order"):
+      other.check_resume(saved)
+  indexed = _data(root, read="pair").iterator_state(7)
+  _data(root, read="pair", process_count=2).check_resume(indexed)    # one global order for any process count
+  with pytest.raises(ValueError, match="input.web.read: checkpoint 'pair', now 'block'"):
+    _data(root, read="block").check_resume(indexed)
+  blocks = _data(root, read="block", block=16).iterator_state(7)
+  with pytest.raises(ValueError, match="the process count"):
+    _data(root, read="block", block=16, process_count=2).check_resume(blocks)
+  with pytest.raises(ValueError, match="input.web.mode"):
+    _data(root, "stream", window=2, buffer=64).check_resume(blocks)
+
+
+# --- bad records: only the record's own content ------------------------------------------------------------------
+def test_a_caption_that_is_not_utf8_is_a_bad_record(uneven):
+  ds = web.open_dataset(uneven["root"])
+  sample = ds.read(400)
+  assert sample.bad and "UTF-8" in sample.bad and sample.caption is None
+  assert [x.bad for x in ds.iter_shard(1) if x.id == 400][0] == sample.bad
+  data = _data(ds, batch=N // 5 * 5 // 5, read="pair")
+  skipped = sum(int(b["_skipped"]) for b in data.host_batches(0, data.steps_per_epoch))
+  ids = set(np.concatenate([data.indices(s) for s in range(data.steps_per_epoch)]).tolist())
+  assert skipped == len({7, 400} & ids)                              # the corrupt JPEG and the bad caption, once each
+
+
+# --- an index that knows what it indexed --------------------------------------------------------------------------
+def test_a_shard_replaced_deleted_or_added_after_the_build_is_one_clear_error(tmp_path):
+  root = str(tmp_path / "d")
+  web_synthetic.write_img2dataset(root, 0, shard_sizes=[30, 40, 20], image_size=8, pool=4)
+  web_index.build_index(root, workers=1)
+  assert web.open_dataset(root).num_examples == 90
+  tar = os.path.join(root, "00001.tar")
+  original = open(tar, "rb").read()
+  # another tar of the same name (a re-download): the size differs
+  with open(tar, "wb") as f:
+    f.write(original[:len(original) // 2])
+  with pytest.raises(store.ShardChanged, match=r"1 shards under .* changed after the index was built \(e.g. "
+                                                r"00001.tar"):
+    web.open_dataset(root)
+  # the same size, rewritten later: its modification time differs
+  with open(tar, "wb") as f:
+    f.write(original)
+  with pytest.raises(store.ShardChanged, match="00001.tar"):
+    web.open_dataset(root)
+  os.remove(tar)
+  with pytest.raises(store.ShardMissing, match="00001.tar"):
+    web.open_dataset(root)
+  # rebuilt: only the changed shard is scanned again (parts are keyed by shard name, size and version)
+  with open(tar, "wb") as f:
+    f.write(original)
+  web_synthetic.write_img2dataset(str(tmp_path / "extra"), 0, shard_sizes=[0, 0, 0, 10], image_size=8, pool=2)
+  shutil.copy(os.path.join(tmp_path / "extra", "00003.tar"), os.path.join(root, "00000a.tar"))   # a new name,
+  shutil.copy(os.path.join(tmp_path / "extra", "00003_stats.json"), os.path.join(root, "00000a_stats.json"))
+  index_dir = web_index.index_dir_of(root)
+  for name in ("00000.tar", "00002.tar"):   # keep the parts of the unchanged shards, as an interrupted build does
+    fileio.save_npz(web_index.part_path(index_dir, name), **_part_of(root, name))
+  scanned = []
+  manifest = web_index.build_index(root, workers=1, progress=lambda done, total: scanned.append(total))
+  assert scanned[-1] == 2                                            # 00000a.tar and the replaced 00001.tar
+  assert manifest["shards"] == ["00000.tar", "00000a.tar", "00001.tar", "00002.tar"]
+  assert manifest["counts"] == [30, 10, 40, 20]
+  ds = web.open_dataset(root)
+  assert ds.read(35).caption == web_synthetic.captions(0, 10)[5]    # the added shard sits second in the listing
+
+
+def _part_of(root, name):
+  info = store.info(os.path.join(root, name))
+  result = web_index.scan_shard((info.path, None, "", 10.0))
+  return dict(offsets=result["offsets"], end=np.int64(result["end"]), clean=result["clean"], expected=np.int64(-1),
+              error=np.asarray(result["error"]), name=np.asarray(name), size=np.int64(info.size),
+              version=np.asarray(info.version))
+
+
+def test_two_merges_at_once_write_the_same_index(tmp_path):
+  root = str(tmp_path / "d")
+  web_synthetic.write_img2dataset(root, 0, shard_sizes=[30, 40, 20, 25], image_size=8, pool=4)
+  index_dir = str(tmp_path / "idx")
+  for h in range(2):
+    assert web_index.build_index(root, index_dir=index_dir, workers=1, num_hosts=2, host_index=h) is None
+  with cf.ThreadPoolExecutor(2) as pool:
+    manifests = list(pool.map(lambda _: web_index.merge_index(root, index_dir), range(2)))
+  assert manifests[0] == manifests[1] == web_index.read_manifest(index_dir)
+  assert sorted(os.listdir(index_dir)) == ["manifest.json", manifests[0]["offsets_file"]]
+  assert web.open_dataset(root, index_dir=index_dir).read(95).caption == web_synthetic.captions(90, 25)[5]
+
+
+# --- the fault policy ------------------------------------------------------------------------------------------
+class _Flaky:
+  """Fails with `error` for the first `failures` calls, then returns b'ok'."""
+
+  def __init__(self, error, failures):
+    self.error, self.failures, self.calls = error, failures, 0
+
+  def __call__(self):
+    self.calls += 1
+    if self.calls <= self.failures:
+      raise self.error
+    return b"ok"
+
+
+def test_store_faults_are_retried_until_the_deadline_and_never_become_bad_records():
+  import aiohttp
+  policy = store.RetryPolicy(deadline_s=2.0, first_backoff_s=0.01, max_backoff_s=0.05)
+  transient = [ConnectionRefusedError(errno.ECONNREFUSED, "refused"), TimeoutError("slow"),
+               aiohttp.ClientConnectionError("reset"), _http_error(503), _http_error(429),
+               OSError(errno.ECONNRESET, "reset by peer")]
+  for e in transient:
+    assert store.classify(e) == "transient", e
+    flaky = _Flaky(e, 3)
+    assert policy.call(flaky, "gs://b/x.tar") == b"ok" and flaky.calls == 4
+  t = time.monotonic()
+  with pytest.raises(store.StoreUnavailable, match=r"gs://b/x.tar: the store did not answer for 2 s .* relaunch "
+                                                    r"the same command to resume"):
+    policy.call(_Flaky(TimeoutError("slow"), 10 ** 6), "gs://b/x.tar")
+  assert time.monotonic() - t < 3.0                                  # stops at the deadline
+  for e, kind, raised in ((FileNotFoundError("gone"), "missing", store.ShardMissing),
+                          (_http_error(404), "missing", store.ShardMissing),
+                          (_http_error(403), "fatal", fileio.StorageError),
+                          (PermissionError(errno.EACCES, "denied"), "fatal", fileio.StorageError),
+                          (OSError(errno.EIO, "disk"), "fatal", fileio.StorageError)):
+    assert store.classify(e) == kind, e
+    flaky = _Flaky(e, 1)
+    with pytest.raises(raised):
+      policy.call(flaky, "gs://b/x.tar")
+    assert flaky.calls == 1                                          # not retried
+
+
+def _http_error(code):
+  from gcsfs.retry import HttpError
+  return HttpError({"code": code, "message": f"HTTP {code}"})
+
+
+def test_a_local_descriptor_evicted_while_another_thread_reads_it_is_never_reused(tmp_path):
+  # 6 files, a cache of one descriptor, 8 threads: every read must return its own file's bytes. (Closing a descriptor
+  # that another thread is about to pread lets the next open reuse its number: that read then returns another
+  # file's bytes — what the previous ShardFiles did.)
+  paths = []
+  for k in range(6):
+    paths.append(str(tmp_path / f"{k}.bin"))
+    with open(paths[-1], "wb") as f:
+      f.write(bytes([k]) * 4096)
+  files = store._LocalFiles(limit=1)
+
+  def work(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(2000):
+      k = int(rng.integers(6))
+      a = int(rng.integers(0, 4000))
+      assert files.pread(paths[k], a, a + 64) == bytes([k]) * 64
+    return True
+
+  with cf.ThreadPoolExecutor(8) as pool:
+    assert all(pool.map(work, range(8)))
+  assert len(files.fds) <= 1
+
+
+# --- decoders -------------------------------------------------------------------------------------------------
+def test_thread_and_process_decoders_make_the_same_examples_bitwise():
+  jpegs = web_synthetic.jpeg_pool(6, 40, seed=2)
+  tok = _tokenizer()
+  specs = [web_decode.ExampleSpec(k, f"a photo of a dog number {k}", jpegs[k % 6], (0, 3, k)) for k in range(12)]
+  specs[4] = web_decode.ExampleSpec(4, "a caption", b"\xff\xd8 not a jpeg", (0, 3, 4))
+  specs[9] = web_decode.ExampleSpec(9, "  ", jpegs[0], (0, 3, 9))
+  settings = web_decode.DecodeSettings(16, "openai", True, (0.5, 1.0), "pil", tok.to_json())
+  threads = web_decode.ThreadDecoder(settings, tok, 2)
+  processes = web_decode.ProcessDecoder(settings, 2)
+  try:
+    a, b = threads.decode(specs, 12), processes.decode(specs, 12)
+    b2 = processes.decode(specs[:5], 12)                             # a second batch through a reused buffer
+  finally:
+    threads.close()
+    processes.close()
+  np.testing.assert_array_equal(a[0], b[0])
+  np.testing.assert_array_equal(a[1], b[1])
+  assert a[2] == b[2] and [k for k, e in enumerate(a[2]) if e] == [4, 9]
+  assert "does not decode" in a[2][4] and a[2][9] == "empty caption"
+  np.testing.assert_array_equal(b2[0], a[0][:5])
+  expected = web_decode.decode_train(jpegs[1], 16, streams.crop_rng(0, 3, 1), "openai", (0.5, 1.0))
+  np.testing.assert_array_equal(a[0][1], expected)
+
+
+def test_process_workers_train_data_equals_threads(uneven):
+  make = lambda workers: _data(uneven["root"], batch=40, read="pair", workers=workers)
+  a = list(make(0).host_batches(0, 3))
+  b = list(make(2).host_batches(0, 3))
+  for x, y in zip(a, b):
+    for k in ("image", "tokens", "id", "clean", "_skipped"):
+      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+def test_the_latency_proxy_holds_every_request(tmp_path):
+  import http.server
+  import sys
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from latency_proxy import LatencyProxy, measure_first_byte
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  try:
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    direct = measure_first_byte(url)
+    with LatencyProxy(server.server_address[1], 0.05) as proxy:
+      held = measure_first_byte(proxy.url + "/")
+    assert held >= 0.05 and held - direct >= 0.045, (direct, held)
+  finally:
+    server.shutdown()

@@ -1,0 +1,216 @@
+"""Web data in object storage when the store misbehaves, against a real GCS JSON API server on 127.0.0.1
+(tests/gcs_server.py; behind tests/latency_proxy.py where a bucket's latency matters): a 4-second outage mid-run is
+absorbed with zero skipped records and a run bitwise equal to an uninterrupted one; a store that stays dead stops the
+run within its deadline with one line, its checkpoints intact and the relaunch exact (slow); a shard replaced or
+deleted after the build is one clear error, at start-up or on its next read; hosts build and merge an index in the
+bucket at once (slow); two processes train on gs:// web data read in blocks, each reading its own share (slow)."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import multiprocess  # noqa: E402  (tests/multiprocess.py)
+from gcs_server import GCSServer  # noqa: E402
+from helpers import ROOT, assert_trees_equal, tiny_clip_config  # noqa: E402
+from ncjax import fileio, train  # noqa: E402
+from ncjax.data import store, web, web_index, web_synthetic  # noqa: E402
+
+SIZES = [90, 150, 70, 130, 110, 80]     # 630 pairs in unequal shards
+STEPS = 24
+
+
+def _config(root, cache, **kw):
+  return tiny_clip_config(arg="batch=32,epochs=2", total_steps=STEPS, **{"input.prefetch": 1,
+      "input.dataset": f"web:{root}", "input.web.read": "block", "input.web.block": 16,
+      "input.web.shuffle_pairs": 32, "input.web.cache_dir": cache, "input.web.io_deadline_s": 120.0, **kw})
+
+
+def _write(root):
+  web_synthetic.write_img2dataset(root, 0, shard_sizes=SIZES, image_size=16, pool=8)
+  web_index.build_index(root, workers=1)
+
+
+def test_a_four_second_outage_of_the_store_mid_run_is_absorbed_bitwise(tmp_path):
+  with GCSServer() as server:
+    root = server.path("web")
+    _write(root)
+    cfg = _config(root, str(tmp_path / "cache"))
+    reference = train.train(cfg, str(tmp_path / "reference"))
+    assert reference.experiment.train_data.read == "block"
+    assert reference.experiment.train_data.steps_per_window == 1   # a window per step: reads all along the run
+    seen = {}
+
+    def outage():
+      server.kill()
+      time.sleep(4.0)
+      seen["step_at_restart"] = seen.get("step", 0)
+      server.restart()
+
+    def hook(step, state, writer):
+      del state, writer
+      seen["step"] = step
+      if step == 2 and "thread" not in seen:
+        seen["thread"] = threading.Thread(target=outage)
+        seen["thread"].start()
+
+    interrupted = train.train(cfg, str(tmp_path / "interrupted"), evaluate=hook)
+    seen["thread"].join()
+    # the run was still reading when the store came back: the reads of the later steps waited out the outage
+    assert seen["step_at_restart"] < STEPS - 3, seen
+    assert int(interrupted.state["step"]) == STEPS
+    assert interrupted.metrics["input/skipped_records"] == 0
+    assert_trees_equal(reference.state, interrupted.state)
+
+
+def test_a_shard_replaced_or_deleted_in_the_bucket_after_the_build_is_one_clear_error(tmp_path):
+  with GCSServer() as server:
+    root = server.path("web")
+    _write(root)
+    cache = str(tmp_path / "cache")
+    ds = web.open_dataset(root, cache_dir=cache)
+    assert ds.read(100).caption == web_synthetic.captions(90, 150)[10]
+    shard = fileio.join(root, "00001.tar")
+    data = fileio.read_bytes(shard)
+    fileio.write_bytes(shard, data)            # the same bytes, uploaded again: a new generation
+    # mid-run: the reads are pinned to the indexed generation
+    with pytest.raises(store.ShardChanged, match=r"00001.tar: the generation \d+ the index was built from is gone"):
+      ds.read(100)
+    # at start-up: one listing, compared with the manifest
+    with pytest.raises(store.ShardChanged, match=r"1 shards under gs://.* changed after the index was built "
+                                                 r"\(e.g. 00001.tar"):
+      web.open_dataset(root, cache_dir=cache)
+    fileio.remove(fileio.join(root, "00002.tar"))
+    with pytest.raises(store.ShardMissing, match="00002.tar"):
+      web.open_dataset(root, cache_dir=cache)
+    # through the CLI: one line, no traceback
+    out = subprocess.run([sys.executable, "-m", "ncjax.main", "train", f"--config=clip:data=web:{root},model=micro,"
+                          f"batch=32", f"--config.input.web.cache_dir={cache}", f"--workdir={tmp_path / 'run'}",
+                          "--config.log.progress=False"], cwd=ROOT, env=multiprocess.env(server.env),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("ncjax: error: ") and "00002.tar" in last and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_a_store_that_stays_dead_stops_the_run_within_its_deadline_and_the_relaunch_is_exact(tmp_path):
+  args = lambda root, workdir: [
+      "train", f"--config=clip:data=web:{root},model=micro,batch=32,epochs=2", "--config.total_steps=24",
+      "--config.input.prefetch=1",
+      "--config.input.web.read=block", "--config.input.web.block=16", "--config.input.web.shuffle_pairs=32",
+      f"--config.input.web.cache_dir={tmp_path / 'cache'}", "--config.input.web.io_deadline_s=5",
+      "--config.ckpt.every_steps=1", "--config.log.progress=False", f"--workdir={workdir}"]
+  with GCSServer() as server:
+    root = server.path("web")
+    _write(root)
+    logs = str(tmp_path / "logs")
+    reference = str(tmp_path / "reference")
+    assert multiprocess.run(args(root, reference), processes=1, devices=8, log_dir=str(tmp_path / "ref_logs"),
+                            extra_env=server.env) == [0]
+    workdir = str(tmp_path / "run")
+    procs = multiprocess.start(args(root, workdir), processes=1, devices=8, log_dir=logs, extra_env=server.env)
+    ckpts = os.path.join(workdir, "checkpoints")
+    t0 = time.time()
+    while not (os.path.isdir(ckpts) and any(n.isdigit() and int(n) >= 2 for n in os.listdir(ckpts))):
+      assert procs[0].poll() is None and time.time() - t0 < 300, multiprocess.logs(logs)
+      time.sleep(0.05)
+    server.kill()                                   # for good
+    t_dead = time.time()
+    code = procs[0].wait(timeout=300)
+    waited = time.time() - t_dead
+    text = multiprocess.logs(logs, tail=None)
+    errors = [line for line in text.splitlines() if line.startswith("ncjax: error:")]
+    assert code == 2 and len(errors) == 1, text[-4000:]
+    assert "the store did not answer" in errors[0] and "relaunch the same command" in errors[0], errors[0]
+    assert "Traceback" not in text.split(errors[0])[-1]
+    # the deadline (5 s) plus gcsfs's own retries of the request in flight (~35 s), not minutes more
+    assert waited < 120, waited
+    saved = sorted(int(n) for n in os.listdir(ckpts) if n.isdigit())
+    assert saved and 2 <= max(saved) < 24
+    server.restart()
+    assert multiprocess.run(args(root, workdir), processes=1, devices=8, log_dir=logs, extra_env=server.env) == [0]
+    from ncjax import checkpoint as ckpt_lib
+    ref, _, _ = ckpt_lib.restore_state_on_host(reference)
+    got, _, step = ckpt_lib.restore_state_on_host(workdir)
+    assert step == 24
+    assert_trees_equal(ref, got)
+
+
+@pytest.mark.slow
+def test_two_hosts_build_and_merge_an_index_in_the_bucket_at_once(tmp_path):
+  with GCSServer() as server:
+    root = server.path("web")
+    web_synthetic.write_img2dataset(root, 0, shard_sizes=SIZES * 2, image_size=16, pool=8)
+    build = lambda *extra: subprocess.Popen([sys.executable, "-m", "ncjax.data.build", "--dataset=web",
+                                             f"--manual_dir={root}", "--workers=1", *extra], cwd=ROOT,
+                                            env=multiprocess.env(server.env), stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True)
+    hosts = [build("--num_hosts=2", f"--host_index={h}") for h in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in hosts]
+    assert [p.returncode for p in hosts] == [0, 0], outs
+    merges = [build("--num_hosts=2", "--merge") for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in merges]
+    assert [p.returncode for p in merges] == [0, 0], outs
+    index_dir = fileio.join(root, web_index.INDEX_DIRNAME)
+    manifest = web_index.read_manifest(index_dir)
+    assert fileio.listdir(index_dir) == ["manifest.json", manifest["offsets_file"]]
+    one = str(tmp_path / "one")
+    assert web_index.build_index(root, index_dir=one, workers=1)["counts"] == manifest["counts"] == SIZES * 2
+    np.testing.assert_array_equal(np.load(os.path.join(one, manifest["offsets_file"])),
+                                  np.load(web_index.WebIndex.open(index_dir, str(tmp_path / "c")).offsets.filename))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_train_on_gcs_web_data_read_in_blocks(tmp_path):
+  plugin = os.path.join(ROOT, "tests", "plugins", "record_web_ids.py")
+
+  def run(workdir, ids_dir, processes, server, root, *extra):
+    os.makedirs(ids_dir, exist_ok=True)
+    args = ["train", f"--config=clip:data=web:{root},model=micro,batch=32,epochs=1", "--config.total_steps=8",
+            "--config.input.web.read=block", "--config.input.web.block=16", "--config.input.web.shuffle_pairs=64",
+            f"--config.input.web.cache_dir={tmp_path / 'cache'}", "--config.ckpt.every_steps=1",
+            "--config.log.progress=False", f"--plugins={plugin}", f"--workdir={workdir}", *extra]
+    codes = multiprocess.run(args, processes=processes, devices=8 // processes, log_dir=workdir + "_logs",
+                             extra_env={**server.env, "NCJAX_RECORD_IDS": ids_dir}, timeout=600)
+    assert codes == [0] * processes, multiprocess.logs(workdir + "_logs")
+
+  def ids(ids_dir, process):
+    out = {}
+    with open(os.path.join(ids_dir, f"process_{process}.txt")) as f:
+      for line in f:
+        step, *rest = map(int, line.split())
+        if step in out:
+          np.testing.assert_array_equal(out[step], rest)   # a step re-read after a resume: the same pairs
+        out[step] = np.asarray(rest)
+    return out
+
+  with GCSServer() as server:
+    root = server.path("web")
+    _write(root)
+    run(str(tmp_path / "two"), str(tmp_path / "ids"), 2, server, root)
+    parts = [ids(str(tmp_path / "ids"), p) for p in range(2)]
+    assert sorted(parts[0]) == sorted(parts[1]) == list(range(8))
+    from ncjax.data import web_pipeline
+    ds = web.open_dataset(root, cache_dir=str(tmp_path / "cache"))
+    simulated = [web_pipeline.WebTrainData([ds], None, 32, 0, None, read="block", block=16, shuffle_pairs=64,
+                                           process_index=p, process_count=2) for p in range(2)]
+    for s in range(8):
+      assert not set(parts[0][s].tolist()) & set(parts[1][s].tolist())
+      for p in range(2):   # each process read its own share, as the order says for 2 processes
+        np.testing.assert_array_equal(parts[p][s], simulated[p]._local_ids(s, p))
+    # stopped after step 3 and resumed: bitwise the uninterrupted 2-process run
+    run(str(tmp_path / "resumed"), str(tmp_path / "ids_r"), 2, server, root, "--until_step=3")
+    run(str(tmp_path / "resumed"), str(tmp_path / "ids_r"), 2, server, root)
+    from ncjax import checkpoint as ckpt_lib
+    a, _, _ = ckpt_lib.restore_state_on_host(str(tmp_path / "two"))
+    b, _, step = ckpt_lib.restore_state_on_host(str(tmp_path / "resumed"))
+    assert step == 8
+    assert_trees_equal(a, b)
