@@ -154,7 +154,6 @@ class BlockOrder:
       v = u[sel]
       before = v < at * k
       inside = (~before) & (v < at * k + self.short)
-      after = ~(before | inside)
       slot = np.where(before, v // k, np.where(inside, at, at + 1 + (v - at * k - self.short) // k))
       within = np.where(before, v % k, np.where(inside, v - at * k, (v - at * k - self.short) % k))
       out[sel] = np.asarray(perm(slot), np.int64) * k + within

@@ -31,11 +31,8 @@ memory-mapped).
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import dataclasses
-import functools
 import io
-import json
 import logging
 import os
 import time
@@ -43,238 +40,15 @@ import time
 import numpy as np
 
 from ncjax import fileio
-from ncjax.data import readers
+from ncjax.data import readers, store, web_index
 
 log = logging.getLogger("ncjax")
 
-INDEX_DIRNAME = "_ncjax_index"   # ncjax.data.web_index's; here for the readers of this module
-IMAGE_EXTENSIONS = readers.IMAGE_EXTENSIONS
-BLOCK = 512
-
-
-class CorruptShard(readers.DataFormatError):
-  """A tar shard that cannot be read past some point (bad header checksum, truncated member: `member` names it)."""
-
-  def __init__(self, message: str, member: str | None = None):
-    super().__init__(message)
-    self.member = member
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# tar members (ustar / GNU / pax), parsed from any file object: a local file, a gs:// object, or bytes
-# ---------------------------------------------------------------------------------------------------------------
-def _octal(field: bytes) -> int:
-  if field and field[0] & 0x80:   # GNU base-256 for large sizes
-    return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
-  text = field.split(b"\0", 1)[0].strip()
-  return int(text, 8) if text else 0
-
-
-def _pax_records(data: bytes) -> dict:
-  out, pos = {}, 0
-  while pos < len(data):
-    space = data.find(b" ", pos)
-    if space < 0:
-      break
-    length = int(data[pos:space])
-    key, _, value = data[space + 1:pos + length - 1].partition(b"=")
-    out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    pos += length
-  return out
-
-
-def iter_members(f, want=lambda name: True, start: int = 0):
-  """(name, first header offset, end offset, data or None) of each regular file of a tar read from `f` (positioned at
-  `start`). `want(name)` says whose data to read; the others are skipped (seek when `f` can, read otherwise).
-  The first header offset includes any pax / GNU long-name header of the member. Raises CorruptShard."""
-  pos = start
-  pending_name, first = None, None
-  seekable = getattr(f, "seekable", lambda: False)()
-  while True:
-    header = f.read(BLOCK)
-    if len(header) < BLOCK:
-      if header.strip(b"\0") or len(header):
-        raise CorruptShard(f"truncated tar header at byte {pos}")
-      return   # a tar without its end-of-archive blocks (a cut stream): what was complete is kept
-    if header.count(0) == BLOCK:
-      return   # end of archive
-    stored = _octal(header[148:156])
-    computed = sum(header[:148]) + 8 * 32 + sum(header[156:])
-    if stored != computed:
-      raise CorruptShard(f"bad tar header checksum at byte {pos}")
-    size, kind = _octal(header[124:136]), header[156:157]
-    first = pos if first is None else first
-    padded = (size + BLOCK - 1) // BLOCK * BLOCK
-    if kind in (b"x", b"L", b"g"):
-      data = f.read(padded)
-      if len(data) < padded:
-        raise CorruptShard(f"truncated extended header at byte {pos}")
-      if kind == b"x":
-        pending_name = _pax_records(data[:size]).get("path", pending_name)
-      elif kind == b"L":
-        pending_name = data[:size].split(b"\0", 1)[0].decode("utf-8", "replace")
-      else:
-        first = None   # a global header belongs to no member
-      pos += BLOCK + padded
-      continue
-    if pending_name is not None:
-      name = pending_name
-    else:
-      name = header[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
-      prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "replace") if header[257:262] == b"ustar" else ""
-      name = f"{prefix}/{name}" if prefix else name
-    data = None
-    if kind in (b"0", b"\0", b"7") and want(name):
-      data = f.read(padded)
-      if len(data) < size:
-        raise CorruptShard(f"member {name} truncated at byte {pos}", name)
-      data = data[:size]
-    elif padded:
-      if seekable:
-        f.seek(padded, 1)
-      else:
-        while padded:
-          got = len(f.read(min(padded, 1 << 20)))
-          if not got:
-            raise CorruptShard(f"member {name} truncated at byte {pos}", name)
-          padded -= got
-    pos += BLOCK + (size + BLOCK - 1) // BLOCK * BLOCK
-    if kind in (b"0", b"\0", b"7"):
-      yield name, first, pos, data
-    pending_name, first = None, None
-
-
-def split_key(name: str) -> tuple[str, str]:
-  """'dir/000010.jpg' -> ('dir/000010', 'jpg'): the key is the name up to the first dot of its base name."""
-  directory, _, base = name.rpartition("/")
-  key, _, ext = base.partition(".")
-  return (f"{directory}/{key}" if directory else key), ext.lower()
-
-
-def iter_samples(f, want_exts=None, start: int = 0):
-  """(key, first header offset, end offset, {ext: bytes}) per sample (consecutive members sharing a key)."""
-  want = (lambda name: True) if want_exts is None else (lambda name: split_key(name)[1] in want_exts)
-  key, begin, end, parts = None, None, None, {}
-  try:
-    for name, first, member_end, data in iter_members(f, want, start):
-      if name.rpartition("/")[2].startswith("."):
-        continue
-      k, ext = split_key(name)
-      if key is not None and k != key:
-        yield key, begin, end, parts
-        parts, begin = {}, None
-      key = k
-      begin = first if begin is None else begin
-      end = member_end
-      if data is not None:
-        parts[ext] = data
-  except CorruptShard as e:
-    # The sample before a cut member is whole when the cut member starts the next one (a cut inside a sample's own
-    # members loses that sample): the same rule whether the images were read or skipped by seeking.
-    if key is not None and e.member is not None and split_key(e.member)[0] != key:
-      yield key, begin, end, parts
-    raise
-  if key is not None:
-    yield key, begin, end, parts
-
-
-@dataclasses.dataclass
-class Sample:
-  """One pair as read from a shard: its global id, key, image bytes, caption, .json metadata (raw bytes), or the
-  reason it is unusable (`bad`: a missing or unreadable sample)."""
-  id: int
-  key: str = ""
-  image: bytes | None = None
-  caption: str | None = None
-  meta: bytes | None = None
-  bad: str = ""
-
-  def json(self) -> dict:
-    if not self.meta:
-      return {}
-    try:
-      return json.loads(self.meta.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-      return {}
-
-
-def make_sample(sample_id: int, key: str, parts: dict, caption_key: str = "caption") -> Sample:
-  """A Sample from a tar sample's members; a caption that is not valid UTF-8 makes it a bad record (its text would be
-  a guess: the record is skipped and counted, never trained on with replacement characters)."""
-  image = next((parts[e] for e in IMAGE_EXTENSIONS if e in parts), None)
-  meta = parts.get("json")
-  if "txt" in parts:
-    try:
-      caption = parts["txt"].decode("utf-8")
-    except UnicodeDecodeError:
-      return Sample(sample_id, key, image, None, meta, bad="the caption (.txt) is not valid UTF-8")
-  else:
-    caption = Sample(sample_id, meta=meta).json().get(caption_key) if meta else None
-  return Sample(sample_id, key, image, caption, meta)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# A dataset: its shards and their sample counts
-# ---------------------------------------------------------------------------------------------------------------
-def _stem(tar_path: str) -> str:
-  return tar_path[:-len(".tar")] if tar_path.endswith(".tar") else tar_path
-
-
-def list_shards(root: str, policy=None) -> list[str]:
-  """The tar shards under `root` (any depth), sorted; a missing or empty root raises with what is there."""
-  from ncjax.data import store
-  found = [o.path for o in store.list_files(root, ".tar", policy)] if fileio.is_remote(root) or os.path.isdir(root) \
-      else []
-  if not found:
-    listing = readers._listing(root) if not fileio.is_remote(root) else f"{root} holds no .tar"
-    raise readers.DataFormatError(f"no WebDataset shards (*.tar) under {root}: expected img2dataset's output "
-                                  f"(00000.tar + 00000.parquet, ...); {listing}")
-  return found
-
-
-def _count_from_stats(data: bytes | None) -> int | None:
-  if data is None:
-    return None
-  try:
-    value = json.loads(data.decode("utf-8")).get("successes")
-  except (ValueError, UnicodeDecodeError, AttributeError):
-    return None
-  return None if value is None else int(value)
-
-
-def _count_from_parquet(tar_path: str) -> int | None:
-  parquet = _stem(tar_path) + ".parquet"
-  import pyarrow.parquet as pq
-  try:
-    with fileio.open_file(parquet, "rb") as f:
-      pf = pq.ParquetFile(f)
-      if "status" not in pf.schema_arrow.names:
-        return pf.metadata.num_rows
-      status = pf.read(columns=["status"]).column("status").to_numpy(zero_copy_only=False)
-  except FileNotFoundError:
-    return None
-  return int(np.sum(status == "success"))
-
-
-def metadata_counts(tar_paths: list[str], policy=None, workers: int = 32) -> list[int | None]:
-  """Each shard's sample count from img2dataset's metadata — `_stats.json`'s successes, else the parquet's rows with
-  status 'success' (all rows without a status column), None when neither exists — read concurrently (one small
-  request per shard, `workers` in flight), transient store faults retried."""
-  from ncjax.data import store
-  policy = policy or store.RetryPolicy()
-  counts = [_count_from_stats(d) for d in store.read_many([_stem(p) + "_stats.json" for p in tar_paths], policy,
-                                                          workers)]
-  rest = [k for k, c in enumerate(counts) if c is None]
-  if rest:
-    with cf.ThreadPoolExecutor(min(workers, len(rest))) as pool:
-      found = pool.map(lambda k: policy.call(lambda: _count_from_parquet(tar_paths[k]), tar_paths[k]), rest)
-      for k, c in zip(rest, found):
-        counts[k] = c
-  return counts
-
-
-def metadata_count(tar_path: str) -> int | None:
-  return metadata_counts([tar_path])[0]
+# The tar layer and the index, under the names this module always had (readers of a web dataset import them here)
+from ncjax.data.web_index import (INDEX_DIRNAME, _stem, list_shards, metadata_count,  # noqa: E402,F401
+                                  metadata_counts)
+from ncjax.data.web_tar import (BLOCK, IMAGE_EXTENSIONS, CorruptShard, Sample, iter_members,  # noqa: E402,F401
+                                iter_samples, make_sample, split_key, tar_end, tar_member, write_parquet)
 
 
 def read_parquet_captions(tar_path: str, limit: int | None = None, caption_column: str = "caption") -> list[str]:
@@ -311,7 +85,6 @@ class WebDataset:
   policy: "object | None" = None        # ncjax.data.store.RetryPolicy
 
   def __post_init__(self):
-    from ncjax.data import store
     self.counts = np.asarray(self.counts, np.int64)
     self.starts = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
     self.name = self.name or fileio.basename(self.root.rstrip("/"))
@@ -337,7 +110,6 @@ class WebDataset:
     short or corrupt tar) come out as bad Samples with their ids, extra ones are dropped. A transient fault of the
     store re-opens the object where the last whole sample ended (retried until the policy's deadline: then
     StoreUnavailable); a missing object raises ShardMissing — store faults are never bad records."""
-    from ncjax.data import store
     base, n = int(self.starts[s]), int(self.counts[s])
     last = n if last is None else min(int(last), n)
     path, j, resume_at, error = self.shards[s], 0, 0, ""
@@ -381,7 +153,6 @@ class WebDataset:
 
   def read_run(self, first: int, last: int, reader=None) -> list[Sample]:
     """Samples [first, last) by id (needs the index): one ranged read per shard the run touches."""
-    from ncjax.data import store
     if self.index is None:
       raise readers.DataFormatError(f"{self.root} has no index: build it with python -m ncjax.data.build "
                                     f"--dataset=web --manual_dir={self.root}")
@@ -417,7 +188,6 @@ def parse_run(ds: WebDataset, s: int, start: int, first_id: int, n: int, data: b
   """The `n` samples starting at id `first_id` from the bytes of shard `s` read from byte `start`: each must begin
   where the index says (else the shard is not the one indexed: ShardChanged); a member cut or corrupt makes the
   rest of the run bad records (the data's own fault)."""
-  from ncjax.data import store
   out: dict[int, Sample] = {}
   offsets = ds.index.offsets
   k = 0
@@ -447,7 +217,6 @@ def open_dataset(root: str, *, index_dir: str = "", use_index: bool = True, capt
   checked against one listing: a missing or changed shard is one error naming it); without use_index its manifest
   still gives the shards and counts (one read). Else one listing and the shards' metadata counts, read
   concurrently."""
-  from ncjax.data import store, web_index
   policy = policy or store.RetryPolicy()
   index_dir = web_index.index_dir_of(root, index_dir)
   manifest = policy.call(lambda: web_index.read_manifest(index_dir), index_dir)
@@ -476,45 +245,3 @@ def open_dataset(root: str, *, index_dir: str = "", use_index: bool = True, capt
         f"(python -m ncjax.data.build --dataset=web --manual_dir={root}), which counts them")
   return WebDataset(root, shards, counts, caption_key=caption_key, clean_key=clean_key,
                     versions=[o.version for o in infos], policy=policy)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Writing the layout (tests and benchmarks: synthetic img2dataset output)
-# ---------------------------------------------------------------------------------------------------------------
-def tar_member(name: str, data: bytes, mtime: int = 0) -> bytes:
-  """One ustar member (header + data padded to 512 bytes), as Python's tarfile writes a short-named file."""
-  raw = name.encode("utf-8")
-  if len(raw) > 100:
-    raise ValueError(f"member name {name!r} is longer than 100 bytes")
-  header = bytearray(BLOCK)
-  header[0:len(raw)] = raw
-  header[100:108] = b"0000644\0"
-  header[108:116] = b"0000000\0"
-  header[116:124] = b"0000000\0"
-  header[124:136] = b"%011o\0" % len(data)
-  header[136:148] = b"%011o\0" % mtime
-  header[148:156] = b" " * 8
-  header[156:157] = b"0"
-  header[257:265] = b"ustar\x0000"
-  header[148:156] = b"%06o\0 " % sum(header)
-  pad = (BLOCK - len(data) % BLOCK) % BLOCK
-  return bytes(header) + data + b"\0" * pad
-
-
-def tar_end() -> bytes:
-  return b"\0" * (2 * BLOCK)
-
-
-@functools.lru_cache(maxsize=None)
-def _pyarrow():
-  import pyarrow
-  import pyarrow.parquet
-  return pyarrow
-
-
-def write_parquet(path: str, rows: dict) -> None:
-  """img2dataset's per-shard parquet (columns as given: key, caption, status, url, ...)."""
-  pa = _pyarrow()
-  buf = io.BytesIO()
-  pa.parquet.write_table(pa.table(rows), buf)
-  fileio.write_bytes(path, buf.getvalue())

@@ -28,6 +28,7 @@ memory-mapped: the page cache holds one copy for every process of the host.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import contextlib
 import hashlib
 import io
@@ -38,7 +39,7 @@ import os
 import numpy as np
 
 from ncjax import fileio
-from ncjax.data import readers, store, web
+from ncjax.data import readers, store, web_tar as web
 
 log = logging.getLogger("ncjax")
 
@@ -60,6 +61,68 @@ def relative(root: str, path: str) -> str:
 def part_path(index_dir: str, shard_name: str) -> str:
   """A shard's part file, keyed by the shard's name relative to the root (stable under any listing order)."""
   return fileio.join(index_dir, "parts", hashlib.sha1(shard_name.encode()).hexdigest()[:24] + ".npz")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the shards and their metadata counts
+# ---------------------------------------------------------------------------------------------------------------
+def _stem(tar_path: str) -> str:
+  return tar_path[:-len(".tar")] if tar_path.endswith(".tar") else tar_path
+
+
+def list_shards(root: str, policy=None) -> list[str]:
+  """The tar shards under `root` (any depth), sorted; a missing or empty root raises with what is there."""
+  found = [o.path for o in store.list_files(root, ".tar", policy)] if fileio.is_remote(root) or os.path.isdir(root) \
+      else []
+  if not found:
+    listing = readers._listing(root) if not fileio.is_remote(root) else f"{root} holds no .tar"
+    raise readers.DataFormatError(f"no WebDataset shards (*.tar) under {root}: expected img2dataset's output "
+                                  f"(00000.tar + 00000.parquet, ...); {listing}")
+  return found
+
+
+def _count_from_stats(data: bytes | None) -> int | None:
+  if data is None:
+    return None
+  try:
+    value = json.loads(data.decode("utf-8")).get("successes")
+  except (ValueError, UnicodeDecodeError, AttributeError):
+    return None
+  return None if value is None else int(value)
+
+
+def _count_from_parquet(tar_path: str) -> int | None:
+  parquet = _stem(tar_path) + ".parquet"
+  import pyarrow.parquet as pq
+  try:
+    with fileio.open_file(parquet, "rb") as f:
+      pf = pq.ParquetFile(f)
+      if "status" not in pf.schema_arrow.names:
+        return pf.metadata.num_rows
+      status = pf.read(columns=["status"]).column("status").to_numpy(zero_copy_only=False)
+  except FileNotFoundError:
+    return None
+  return int(np.sum(status == "success"))
+
+
+def metadata_counts(tar_paths: list[str], policy=None, workers: int = 32) -> list[int | None]:
+  """Each shard's sample count from img2dataset's metadata — `_stats.json`'s successes, else the parquet's rows with
+  status 'success' (all rows without a status column), None when neither exists — read concurrently (one small
+  request per shard, `workers` in flight), transient store faults retried."""
+  policy = policy or store.RetryPolicy()
+  counts = [_count_from_stats(d) for d in store.read_many([_stem(p) + "_stats.json" for p in tar_paths], policy,
+                                                          workers)]
+  rest = [k for k, c in enumerate(counts) if c is None]
+  if rest:
+    with cf.ThreadPoolExecutor(min(workers, len(rest))) as pool:
+      found = pool.map(lambda k: policy.call(lambda: _count_from_parquet(tar_paths[k]), tar_paths[k]), rest)
+      for k, c in zip(rest, found):
+        counts[k] = c
+  return counts
+
+
+def metadata_count(tar_path: str) -> int | None:
+  return metadata_counts([tar_path])[0]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -106,7 +169,7 @@ def _scan(path: str, expected, clean_key: str) -> dict:
 def _listing(root: str, policy: store.RetryPolicy) -> list[store.ObjectInfo]:
   shards = store.list_files(root, ".tar", policy)
   if not shards:
-    web.list_shards(root)   # raises with what is there
+    list_shards(root)   # raises with what is there
   return shards
 
 
@@ -140,7 +203,7 @@ def build_index(root: str, *, index_dir: str = "", workers: int = 0, num_hosts: 
     stale = {s for s, part in zip(kept, _read_parts(index_dir, [names[s] for s in kept], policy))
              if part is None or not _part_matches(part, names[s], shards[s])}
     mine = [s for s in mine if part_path(index_dir, names[s]) not in have or s in stale]
-  counts = web.metadata_counts([shards[s].path for s in mine], policy=policy)
+  counts = metadata_counts([shards[s].path for s in mine], policy=policy)
   workers = workers or usable_cores()
   tasks = [(shards[s].path, counts[k], clean_key, deadline_s) for k, s in enumerate(mine)]
   done = 0
@@ -364,7 +427,7 @@ class WebIndex:
           _download(fileio.join(index_dir, name), os.path.join(local, name), policy)
     return cls(index_dir, manifest, local)
 
-  def sample_range(self, ds: "web.WebDataset", sample_id: int) -> tuple[int, int, int] | None:
+  def sample_range(self, ds, sample_id: int) -> tuple[int, int, int] | None:
     """(shard, start, end) of the bytes of sample `sample_id`, None when the tar lacks it."""
     s = int(np.searchsorted(ds.starts, sample_id, side="right") - 1)
     start = int(self.offsets[sample_id])
@@ -376,7 +439,7 @@ class WebIndex:
       end = int(self.ends[s])
     return s, start, end
 
-  def run_ranges(self, ds: "web.WebDataset", first: int, last: int) -> list[tuple[int, int, int, int, int]]:
+  def run_ranges(self, ds, first: int, last: int) -> list[tuple[int, int, int, int, int]]:
     """The reads that cover ids [first, last): (shard, start byte, end byte, first id, id count) per shard touched,
     leaving out samples the tar lacks (those are always a shard's trailing ones)."""
     out = []
