@@ -52,12 +52,9 @@ share) is logged at start-up and written with every checkpoint's iterator state.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import math
-import queue
-import threading
 
 import jax
 import numpy as np
@@ -65,7 +62,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ncjax import fileio
 from ncjax.data import mixture as mix_lib
-from ncjax.data import store, web, web_decode
+from ncjax.data import store, web, web_decode, web_stages
+from ncjax.data.web_stages import Unit
 from ncjax.data.noise import BlockNoise, PermutedNoise, permuted_noise_from_config
 from ncjax.data.pipeline import HOST_ONLY_PREFIX, BadRecordError, batch_axes, check_batch_divisible
 
@@ -223,19 +221,6 @@ class StreamReader:
 # ---------------------------------------------------------------------------------------------------------------
 # units of reading: the ranged reads of some steps, and how their bytes become those steps' examples
 # ---------------------------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Unit:
-  """Steps `steps` of this process: the ranged reads they need (`ranges`, submitted ahead) and `build(raw)`, which
-  turns the bytes read into each step's list of ExampleSpecs."""
-  steps: list
-  ranges: list
-  build: object
-
-
-class _Stop(Exception):
-  pass
-
-
 class WebTrainData:
   """Global batches of web-scale training pairs (the interface of ncjax.data.pipeline.TrainData that the trainer
   uses: batches, iterator_state, check_resume, num_examples, steps_per_epoch, noise_sha256, pairs)."""
@@ -576,97 +561,20 @@ class WebTrainData:
     return next(self.host_batches(step, step + 1))
 
   def host_batches(self, start_step: int, stop_step: int):
-    """This process's host batches for steps [start_step, stop_step): a fetch thread keeps the reads of the next
-    units in flight, a decode thread makes and assembles each step, `prefetch` batches ahead."""
+    """This process's host batches for steps [start_step, stop_step): the reads of the next units in flight, each
+    step's examples made by the decoder, `prefetch` batches ahead (ncjax.data.web_stages)."""
     reader = store.RangeReader(self.policy, max_inflight=self.max_inflight, local_threads=min(64, self.max_inflight))
     decoder, context = self._decoder()
-    specs_q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-    out_q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-    stop = threading.Event()
-    done = object()
-    readahead = 2 if self.read == "block" else self.prefetch + 2
 
-    def put(q, item):
-      while not stop.is_set():
-        try:
-          q.put(item, timeout=0.1)
-          return
-        except queue.Full:
-          continue
-      raise _Stop
-
-    def get(q):
-      while not stop.is_set():
-        try:
-          return q.get(timeout=0.1)
-        except queue.Empty:
-          continue
-      raise _Stop
-
-    def fetch():
-      try:
-        inflight = collections.deque()
-        units = self.units(start_step, stop_step)
-        more = True
-        while True:
-          while more and len(inflight) < readahead:
-            unit = next(units, None)
-            if unit is None:
-              more = False
-              break
-            inflight.append((unit, reader.submit(unit.ranges)))
-          if not inflight:
-            break
-          unit, handle = inflight.popleft()
-          raw = handle.result()
-          for step, specs in zip(unit.steps, unit.build(raw)):
-            put(specs_q, (step, specs))
-        put(specs_q, done)
-      except _Stop:
-        pass
-      except BaseException as e:   # surfaced in the consumer
-        try:
-          put(specs_q, e)
-        except _Stop:
-          pass
-      finally:
-        self.last_reads = dict(requests=reader.requests, bytes=reader.bytes)
-
-    def decode():
-      try:
-        while True:
-          item = get(specs_q)
-          if item is done or isinstance(item, BaseException):
-            put(out_q, item)
-            return
-          step, specs = item
-          put(out_q, self.assemble(step, specs, decoder.decode(specs, context)))
-      except _Stop:
-        pass
-      except BaseException as e:
-        try:
-          put(out_q, e)
-        except _Stop:
-          pass
-
-    threads = [threading.Thread(target=fetch, name="ncjax-web-fetch", daemon=True),
-               threading.Thread(target=decode, name="ncjax-web-decode", daemon=True)]
-    for t in threads:
-      t.start()
-    try:
-      while True:
-        item = out_q.get()
-        if item is done:
-          return
-        if isinstance(item, BaseException):
-          raise item
-        yield item
-    finally:
-      stop.set()   # the threads see it within 0.1 s (a fetch waiting on the store: when its read ends)
-      threads[1].join(timeout=30)
-      threads[0].join(timeout=1)
+    def on_close():
+      self.last_reads = dict(requests=reader.requests, bytes=reader.bytes)
       decoder.close()
       reader.close()
+
+    yield from web_stages.run(self.units(start_step, stop_step), reader.submit,
+                              lambda step, specs: self.assemble(step, specs, decoder.decode(specs, context)),
+                              prefetch=self.prefetch, readahead=2 if self.read == "block" else self.prefetch + 2,
+                              on_close=on_close)
 
   def to_global(self, host: dict) -> dict:
     return {k: jax.make_array_from_process_local_data(self.sharding, v, (self.global_batch_size,) + v.shape[1:])
