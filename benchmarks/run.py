@@ -30,6 +30,8 @@ def main(argv=None):
             "region": region.run, "gradcache": gradcache.run}
   from benchmarks import web_data
   suites["web_data"] = web_data.run   # synthetic img2dataset output of 1M and 10M pairs (--quick: 100k and 1M)
+  from benchmarks import web_store
+  suites["web_store"] = web_store.run   # gs:// on a local GCS server behind a latency proxy
   for name in args.suites.split(","):
     if name not in suites:
       raise SystemExit(f"unknown suite {name!r}; suites: {sorted(suites)}")

@@ -96,10 +96,10 @@ def _run_child(root, mode, steps, batch) -> dict:
 
 
 def build_speed(root: str, workers: int, index_dir: str) -> dict:
-  from ncjax.data import web
+  from ncjax.data import web_index
   shutil.rmtree(index_dir, ignore_errors=True)
   t = time.perf_counter()
-  manifest = web.build_index(root, index_dir=index_dir, workers=workers)
+  manifest = web_index.build_index(root, index_dir=index_dir, workers=workers)
   dt = time.perf_counter() - t
   size = sum(os.path.getsize(os.path.join(index_dir, f)) for f in os.listdir(index_dir)
              if os.path.isfile(os.path.join(index_dir, f)))
@@ -111,7 +111,7 @@ def input_throughput(n: int = 1500) -> list[dict]:
   """Images/s on one core (one thread) from 256-px JPEGs to 224 x 224 normalised float32."""
   from PIL import Image
   import io
-  from ncjax.data import preprocess, streams, web_pipeline, web_synthetic
+  from ncjax.data import preprocess, streams, web_decode, web_synthetic
   jpegs = web_synthetic.jpeg_pool(64, 256, seed=1, quality=90)
   rows = []
 
@@ -123,7 +123,7 @@ def input_throughput(n: int = 1500) -> list[dict]:
     rows.append(dict(loop=name, images_per_s=n / (time.perf_counter() - t)))
 
   timed("ncjax decode_train (PIL: decode, random resized crop, bicubic 224, normalise)",
-        lambda i: web_pipeline.decode_train(jpegs[i % 64], 224, streams.crop_rng(0, 0, i), "openai", (0.9, 1.0)))
+        lambda i: web_decode.decode_train(jpegs[i % 64], 224, streams.crop_rng(0, 0, i), "openai", (0.9, 1.0)))
 
   def plain(i):
     with Image.open(io.BytesIO(jpegs[i % 64])) as im:
@@ -135,7 +135,7 @@ def input_throughput(n: int = 1500) -> list[dict]:
     simplejpeg = None
   if simplejpeg is not None:
     timed("ncjax decode_train, input.web.decoder=simplejpeg",
-          lambda i: web_pipeline.decode_train(jpegs[i % 64], 224, streams.crop_rng(0, 0, i), "openai", (0.9, 1.0),
+          lambda i: web_decode.decode_train(jpegs[i % 64], 224, streams.crop_rng(0, 0, i), "openai", (0.9, 1.0),
                                               "simplejpeg"))
 
     def sj(i):

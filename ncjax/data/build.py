@@ -14,11 +14,17 @@ each shard read once, in parallel over the cores, and over hosts with --num_host
   python -m ncjax.data.build --dataset=web --manual_dir=/data/laion400m [--workers=N] [--clean_column=clean]
       [--num_hosts=H --host_index=h] [--merge] [--index_dir=DIR]
 and trained with --config=configs/clip.py:data=web:/data/laion400m (ncjax.data.web_pipeline).
+
+A table too large for the table builder (a training process holds ~230 bytes per pair of a built table; millions
+of pairs: ncjax.data.web_from_table) is written as webdataset shards and indexed, then trained as web data:
+  python -m ncjax.data.build --dataset=web --manual_dir=/data/mypairs --table=pairs.tsv [--output_dir=DIR]
+      [--image_column=filepath --caption_column=title --separator=TAB --clean_column=clean --per_shard=10000]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ncjax import fileio
@@ -53,6 +59,9 @@ def main(argv=None) -> int:
   p.add_argument("--merge", action="store_true", help="web: join every host's parts into the index (once, at the "
                  "end; implied with one host)")
   p.add_argument("--index_dir", default="", help="web: where the index goes (default MANUAL_DIR/_ncjax_index)")
+  p.add_argument("--output_dir", default="", help="web with --table: where the table's pairs are written as "
+                 "webdataset shards (default MANUAL_DIR/_ncjax_web), then indexed")
+  p.add_argument("--per_shard", type=int, default=10_000, help="web with --table: pairs per tar shard")
   args = p.parse_args(argv)
   if args.dataset == "web":
     return build_web(args)
@@ -89,6 +98,18 @@ def build_web(args) -> int:
     return 2
   t0 = time.perf_counter()
   try:
+    if args.table:   # a CSV/TSV of (image path, caption) -> webdataset shards, then their index
+      from ncjax.data import web_from_table
+      table = args.table if os.path.isabs(args.table) else os.path.join(args.manual_dir, args.table)
+      args.manual_dir = args.output_dir or os.path.join(args.manual_dir, "_ncjax_web")
+      written = web_from_table.table_to_webdataset(
+          table, args.manual_dir, image_column=args.image_column or "filepath",
+          caption_column=args.caption_column or "title", separator=args.separator or "\t",
+          clean_column=args.clean_column or "", per_shard=args.per_shard,
+          progress=lambda n: print(f"\r{n} pairs written", end="", file=sys.stderr, flush=True))
+      print(f"\n{table}: {written['pairs']} pairs in {written['shards']} shards under {args.manual_dir} "
+            f"({written['failed']} rows without a readable image); indexing", file=sys.stderr)
+      args.clean_column = "clean" if args.clean_column else ""
     if args.merge and args.num_hosts > 1:
       manifest = web_index.merge_index(args.manual_dir, args.index_dir, clean_key=args.clean_column or "")
     else:
@@ -107,7 +128,7 @@ def build_web(args) -> int:
           f"every host is done")
     return 0
   print(f"web index of {args.manual_dir}: {manifest['num_examples']} pairs in {len(manifest['shards'])} shards, "
-        f"{len(manifest['bad_shards'])} damaged ({dt:.1f} s)")
+        f"{len(manifest['bad_shards'])} damaged ({dt:.1f} s); train with --config=...:data=web:{args.manual_dir}")
   for shard, why in list(manifest["bad_shards"].items())[:10]:
     print(f"  {shard}: {why}")
   return 0

@@ -211,7 +211,7 @@ def parse_run(ds: WebDataset, s: int, start: int, first_id: int, n: int, data: b
 
 
 def open_dataset(root: str, *, index_dir: str = "", use_index: bool = True, caption_key: str = "caption",
-                 clean_key: str = "", cache_dir: str = "", workers: int = 32, policy=None,
+                 clean_key: str = "", cache_dir: str = "", workers: int = 64, policy=None,
                  check: bool = True) -> WebDataset:
   """An img2dataset output at `root` (local or gs://). With a built index (and use_index), the index (its shards
   checked against one listing: a missing or changed shard is one error naming it); without use_index its manifest

@@ -374,3 +374,34 @@ def test_the_latency_proxy_holds_every_request(tmp_path):
     assert held >= 0.05 and held - direct >= 0.045, (direct, held)
   finally:
     server.shutdown()
+
+
+# --- a table as large as a web dataset -----------------------------------------------------------------------------
+def test_a_table_is_written_as_webdataset_shards_and_trained_as_web_data(tmp_path):
+  from ncjax.data import build
+  jpegs = web_synthetic.jpeg_pool(5, 16, seed=4)
+  os.makedirs(tmp_path / "img")
+  for k, data in enumerate(jpegs):
+    (tmp_path / "img" / f"{k}.jpg").write_bytes(data)
+  rows = [(f"img/{k % 5}.jpg" if k != 17 else "img/missing.jpg", f"a caption, number {k}", int(k % 4 != 0))
+          for k in range(230)]
+  with open(tmp_path / "pairs.csv", "w") as f:
+    f.write("path,text,ok\n" + "".join(f"{p},\"{c}\",{o}\n" for p, c, o in rows))
+  out = str(tmp_path / "wds")
+  assert build.main(["--dataset=web", f"--manual_dir={tmp_path}", "--table=pairs.csv", "--separator=,",
+                     "--image_column=path", "--caption_column=text", "--clean_column=ok", f"--output_dir={out}",
+                     "--per_shard=100", "--workers=1"]) == 0
+  kept = [r for k, r in enumerate(rows) if k != 17]                  # the row whose image is missing is not a pair
+  ds = web.open_dataset(out)
+  assert ds.num_examples == 229 and list(ds.counts) == [100, 100, 29]
+  for i in (0, 16, 17, 150, 228):                                    # id = rank among the rows with an image
+    sample = ds.read(i)
+    assert sample.caption == kept[i][1] and sample.image == jpegs[int(kept[i][0][4])]
+  np.testing.assert_array_equal(ds.clean_flags(np.arange(229)), [bool(r[2]) for r in kept])
+  import pyarrow.parquet as pq
+  statuses = pq.read_table(os.path.join(out, "00000.parquet")).column("status").to_pylist()
+  assert statuses.count("failed_to_download") == 1 and len(statuses) == 101
+  data = _data(out, batch=40, read="pair")
+  batch = data.host_batch(0)
+  expected = [bool(kept[i][2]) for i in batch["id"]]
+  assert batch["clean"].tolist() == expected and int(batch["_skipped"]) == 0

@@ -1,0 +1,276 @@
+"""Web data read from object storage (issue 35): a real GCS JSON API server on 127.0.0.1 (tests/gcs_server.py) behind
+a proxy that holds every request for 0, 10 or 30 ms (tests/latency_proxy.py: a real bucket's first-byte time).
+
+1. Reader rate per process: pairs/s and requests per pair of `WebTrainData` reading img2dataset output (12 shards of
+   unequal size, 32-px JPEGs, captions of web length) streamed, indexed read per pair, and indexed read in blocks —
+   the reader alone (decode at 32 px on 2 threads: what a host spends per pair besides I/O is small here).
+2. `ncjax train` (model=micro, batch 64, 8 CPU devices) at 25 ms per request: examples/s from metrics.jsonl, streamed
+   vs indexed in blocks vs indexed per pair — the issue's headline ratio.
+3. Opening a gs:// index of 10M pairs (40 MB of offsets) in two processes of one host at once: what each process's
+   anonymous, file-backed and peak memory grew by from opening it and touching every offset, and the time to open
+   (one process downloads into the host's cache while the other waits on its lock, then both map the same file).
+4. 10,000 shards (10 pairs each) in the bucket at 30 ms per request: start-up of a streamed run (one listing, the
+   shards' _stats.json read concurrently), the index build (2 processes) and opening the index (manifest, offsets,
+   listing check).
+5. Host input: 256-px JPEGs -> 224 normalised, through the thread decoder (1 thread) and the process decoder with 1
+   and 2 worker processes.
+
+  .venv/bin/python -m benchmarks.run --suites=web_store        (--quick: fewer steps, 2,000 shards)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks import common
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZES = [1100, 900, 1300, 700, 1000, 1200, 800, 1400, 950, 1050, 600, 1500]   # 12,500 pairs
+
+
+def _servers():
+  sys.path.insert(0, os.path.join(ROOT, "tests"))
+  from gcs_server import GCSServer
+  from latency_proxy import LatencyProxy
+  return GCSServer, LatencyProxy
+
+
+def _child(code: str, env: dict, timeout: float = 1800) -> dict:
+  full = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **env)
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=timeout,
+                       cwd=ROOT)
+  for line in out.stdout.splitlines():
+    if line.startswith("RESULT"):
+      return json.loads(line[len("RESULT"):])
+  raise RuntimeError(f"benchmark child failed: {out.stderr[-3000:]}")
+
+
+def reader_rate(root: str, mode: str, read: str, steps: int, batch: int, cache: str, max_inflight: int = 64) -> dict:
+  """(in a child process) pairs/s of this process's host batches after the first, and requests per pair."""
+  from ncjax.data import web, web_pipeline, web_synthetic
+  from ncjax.tokenizers import WordTokenizer
+  tok = WordTokenizer.build(web_synthetic.captions(0, 500), context_length=32)
+  t0 = time.perf_counter()
+  ds = web.open_dataset(root, use_index=mode == "index", cache_dir=cache)
+  data = web_pipeline.WebTrainData([ds], tok, batch, 0, None, mode=mode, read=read, image_size=32, num_threads=2,
+                                   prefetch=4, max_inflight=max_inflight, process_index=0, process_count=1)
+  it = data.host_batches(0, steps + 1)
+  next(it)
+  ready = time.perf_counter() - t0
+  t = time.perf_counter()
+  skipped = 0
+  for b in it:
+    skipped += int(b["_skipped"])
+  dt = time.perf_counter() - t
+  return dict(pairs_per_s=steps * batch / dt, requests_per_pair=data.last_reads["requests"] / ((steps + 1) * batch),
+              first_batch_s=ready, skipped=skipped)
+
+
+def _reader_rates(server, proxy_cls, root, cache, latencies, steps, batch) -> list[dict]:
+  rows = []
+  for latency in latencies:
+    with proxy_cls(server.port, latency) as proxy:
+      env = dict(server.env, **proxy.env)
+      for mode, read, inflight in (("stream", "auto", 64), ("index", "pair", 64), ("index", "block", 64),
+                                   ("index", "pair", 8)):
+        code = (f"import json; from benchmarks.web_store import reader_rate; print('RESULT' + json.dumps("
+                f"reader_rate({root!r}, {mode!r}, {read!r}, {steps}, {batch}, {cache!r}, {inflight})))")
+        r = _child(code, env)
+        label = "streamed" if mode == "stream" else f"indexed, {read} reads" + (
+            f" ({inflight} in flight)" if inflight != 64 else "")
+        rows.append(dict(r, latency_ms=1000 * latency, reader=label))
+        print(rows[-1], flush=True)
+  return rows
+
+
+def _train_rate(server, proxy_cls, root, cache, tmp, steps: int) -> list[dict]:
+  rows = []
+  with proxy_cls(server.port, 0.025) as proxy:
+    env = dict(server.env, **proxy.env)
+    for mode, read in (("stream", "auto"), ("index", "block"), ("index", "pair")):
+      workdir = os.path.join(tmp, f"train_{mode}_{read}")
+      cmd = [sys.executable, "-m", "ncjax.main", "train", f"--config=clip:data=web:{root},model=micro,batch=64",
+             f"--config.total_steps={steps}", f"--config.input.web.mode={mode}", f"--config.input.web.read={read}",
+             f"--config.input.web.cache_dir={cache}", "--config.log.every_steps=10", "--config.log.progress=False",
+             "--config.ckpt.save_at_end=False", "--cpu_devices=8", f"--workdir={workdir}"]
+      t = time.perf_counter()
+      out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu", **env),
+                           cwd=ROOT, timeout=3600)
+      if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+      with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rates = [r["examples_per_sec"] for r in map(json.loads, f) if r.get("kind") == "train" and
+                 "examples_per_sec" in r and r["step"] > 10]
+      rows.append(dict(reader="streamed" if mode == "stream" else f"indexed, {read} reads",
+                       examples_per_s=float(np.median(rates)), seconds=time.perf_counter() - t))
+      print(rows[-1], flush=True)
+  base = rows[0]["examples_per_s"]
+  for r in rows:
+    r["vs_streamed"] = r["examples_per_s"] / base
+  return rows
+
+
+def open_index(index_dir: str, cache: str, barrier: str) -> dict:
+  """(in a child process) open a gs:// index, touch every offset; memory and time."""
+  from benchmarks.web_data import _status
+  from ncjax.data import web_index
+  import fsspec
+  fsspec.filesystem("gcs")   # the client made before the baseline: what is measured is the index
+  before = _status()
+  while not os.path.exists(barrier):   # both processes start opening at once
+    time.sleep(0.005)
+  t = time.perf_counter()
+  index = web_index.WebIndex.open(index_dir, cache)
+  opened = time.perf_counter() - t
+  total = int(np.sum(index.offsets, dtype=np.uint64) % 7)   # every page of the offsets touched
+  after = _status()
+  return dict(open_s=opened, touched=total > -1, before=before, **after)
+
+
+def _index_memory(server, root: str, tmp: str, pairs: int) -> list[dict]:
+  from ncjax import fileio
+  from ncjax.data import web_index
+  import io
+  offsets = (np.arange(pairs, dtype=np.uint64) * 1536 % (1 << 31)).astype(np.uint32)
+  index_dir = fileio.join(root, "big_index")
+  name, data = web_index._digest_name("offsets", offsets)
+  fileio.write_bytes(fileio.join(index_dir, name), data)
+  manifest = dict(version=web_index.INDEX_VERSION, shards=["x.tar"], counts=[pairs], ends=[1], sizes=[1],
+                  versions=["1"], offsets_file=name, offsets_dtype="uint32", clean_file="", clean_key="",
+                  num_examples=pairs, bad_shards={})
+  fileio.write_text(fileio.join(index_dir, "manifest.json"), json.dumps(manifest))
+  del io
+  cache = os.path.join(tmp, "index_cache")
+  barrier = os.path.join(tmp, "go")
+  code = (f"import json; from benchmarks.web_store import open_index; print('RESULT' + json.dumps("
+          f"open_index({index_dir!r}, {cache!r}, {barrier!r})))")
+  full = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **server.env)
+  procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full, cwd=ROOT) for _ in range(2)]
+  time.sleep(2.0)
+  open(barrier, "w").close()
+  rows = []
+  for k, p in enumerate(procs):
+    out, err = p.communicate(timeout=600)
+    line = [x for x in out.splitlines() if x.startswith("RESULT")]
+    if not line:
+      raise RuntimeError(err[-3000:])
+    r = json.loads(line[0][len("RESULT"):])
+    b = r["before"]
+    rows.append(dict(process=k, open_s=r["open_s"], anon_mib=(r["RssAnon"] - b["RssAnon"]) / 2**20,
+                     file_mib=(r["RssFile"] - b["RssFile"]) / 2**20, peak_mib=(r["VmHWM"] - b["VmHWM"]) / 2**20,
+                     offsets_mib=offsets.nbytes / 2**20))
+    print(rows[-1], flush=True)
+  return rows
+
+
+def _many_shards(server, proxy_cls, root: str, tmp: str, shards: int) -> list[dict]:
+  from ncjax.data import web_synthetic
+  from concurrent.futures import ThreadPoolExecutor
+  from ncjax import fileio
+  t = time.perf_counter()
+  one = os.path.join(tmp, "one_shard")
+  web_synthetic.write_img2dataset(one, 10, per_shard=10, image_size=8, pool=4, parquet=False)
+  tar, stats = open(os.path.join(one, "00000.tar"), "rb").read(), open(os.path.join(one, "00000_stats.json")).read()
+
+  def put(s):
+    fileio.write_bytes(fileio.join(root, f"{s:06d}.tar"), tar)
+    fileio.write_text(fileio.join(root, f"{s:06d}_stats.json"), stats)
+
+  with ThreadPoolExecutor(32) as pool:
+    list(pool.map(put, range(shards)))
+  print(f"{shards} shards uploaded ({time.perf_counter() - t:.0f} s)", flush=True)
+  rows = []
+  with proxy_cls(server.port, 0.03) as proxy:
+    env = dict(server.env, **proxy.env)
+    cache = os.path.join(tmp, "shards_cache")
+    steps = [("stream start-up (listing + every _stats.json)",
+              f"from ncjax.data import web; ds = web.open_dataset({root!r}, use_index=False); n = ds.num_examples"),
+             ("index build, 2 processes (scan + parts + merge)",
+              f"from ncjax.data import web_index; n = web_index.build_index({root!r}, workers=2)['num_examples']"),
+             ("index open (manifest, offsets, listing check)",
+              f"from ncjax.data import web; ds = web.open_dataset({root!r}, cache_dir={cache!r}); n = ds.num_examples")]
+    for what, body in steps:
+      code = (f"import json, time; t = time.perf_counter(); {body}; "
+              f"print('RESULT' + json.dumps(dict(seconds=time.perf_counter() - t, pairs=n)))")
+      r = _child(code, env, timeout=7200)
+      rows.append(dict(step=what, shards=shards, latency_ms=30, **r))
+      print(rows[-1], flush=True)
+  return rows
+
+
+def host_input(n: int = 600) -> list[dict]:
+  """images/s through the decoders (256-px JPEG -> 224 x 224 normalised float32, batches of 64)."""
+  from ncjax.data import web_decode, web_synthetic
+  from ncjax.tokenizers import WordTokenizer
+  jpegs = web_synthetic.jpeg_pool(64, 256, seed=1, quality=90)
+  tok = WordTokenizer.build(web_synthetic.captions(0, 500), context_length=32)
+  settings = web_decode.DecodeSettings(224, "openai", True, (0.9, 1.0), "pil", tok.to_json())
+  captions = web_synthetic.captions(0, 64)
+  specs = [web_decode.ExampleSpec(k, captions[k % 64], jpegs[k % 64], (0, 1, k)) for k in range(64)]
+  rows = []
+  for label, make in (("threads, 1", lambda: web_decode.ThreadDecoder(settings, tok, 1)),
+                      ("threads, 2", lambda: web_decode.ThreadDecoder(settings, tok, 2)),
+                      ("worker processes, 1", lambda: web_decode.ProcessDecoder(settings, 1)),
+                      ("worker processes, 2", lambda: web_decode.ProcessDecoder(settings, 2))):
+    decoder = make()
+    try:
+      decoder.decode(specs, 32)   # workers started, buffers made
+      t = time.perf_counter()
+      done = 0
+      while done < n:
+        decoder.decode(specs, 32)
+        done += len(specs)
+      rows.append(dict(decoder=label, images_per_s=done / (time.perf_counter() - t)))
+    finally:
+      decoder.close()
+    print(rows[-1], flush=True)
+  one = {r["decoder"].split(",")[0]: r["images_per_s"] for r in rows if r["decoder"].endswith(", 1")}
+  for r in rows:
+    r["vs_one"] = r["images_per_s"] / one[r["decoder"].split(",")[0]]
+  return rows
+
+
+def run(quick: bool = False) -> dict:
+  GCSServer, LatencyProxy = _servers()
+  from ncjax.data import web_index, web_synthetic
+  tmp = tempfile.mkdtemp(prefix="ncjax-bench-store-")
+  payload: dict = {}
+  with GCSServer() as server:
+    root = server.path("web")
+    web_synthetic.write_img2dataset(root, 0, shard_sizes=SIZES, image_size=32, pool=64)
+    web_index.build_index(root, workers=1)
+    cache = os.path.join(tmp, "cache")
+    payload["reader"] = _reader_rates(server, LatencyProxy, root, cache, (0.0, 0.01, 0.03), 40 if quick else 120, 64)
+    payload["train"] = _train_rate(server, LatencyProxy, root, cache, tmp, 60 if quick else 150)
+    payload["index_memory"] = _index_memory(server, server.path("mem"), tmp, 10_000_000)
+    payload["many_shards"] = _many_shards(server, LatencyProxy, server.path("many"), tmp, 2000 if quick else 10_000)
+  payload["host_input"] = host_input(200 if quick else 600)
+  common.write("web_store", payload)
+  common.report("Web data on gs:// behind a latency proxy: the reader of one process (batch 64, 32 px)",
+                payload["reader"], [("latency_ms", "ms/request", ".0f"), ("reader", "reader", "s"),
+                                    ("pairs_per_s", "pairs/s", ",.0f"), ("requests_per_pair", "requests/pair", ".3f"),
+                                    ("first_batch_s", "first batch s", ".2f"), ("skipped", "skipped", "d")])
+  common.report("ncjax train (model=micro, batch 64, 8 CPU devices), data on gs:// at 25 ms per request",
+                payload["train"], [("reader", "reader", "s"), ("examples_per_s", "examples/s", ",.0f"),
+                                   ("vs_streamed", "vs streamed", ".2f")])
+  common.report("Opening a gs:// index of 10M pairs in two processes of one host at once", payload["index_memory"],
+                [("process", "process", "d"), ("open_s", "open s", ".2f"), ("anon_mib", "+anon MiB", ".1f"),
+                 ("file_mib", "+file-backed MiB", ".1f"), ("peak_mib", "+peak MiB", ".1f"),
+                 ("offsets_mib", "offsets MiB", ".0f")])
+  common.report("Many shards on gs:// at 30 ms per request", payload["many_shards"],
+                [("step", "step", "s"), ("shards", "shards", ",d"), ("seconds", "s", ".1f")])
+  common.report("Host input: 256-px JPEG -> 224, batches of 64", payload["host_input"],
+                [("decoder", "decoder", "s"), ("images_per_s", "images/s", ",.0f"), ("vs_one", "vs 1", ".2f")])
+  return payload
+
+
+if __name__ == "__main__":
+  run(quick="--quick" in sys.argv)
