@@ -12,8 +12,10 @@ a proxy that holds every request for 0, 10 or 30 ms (tests/latency_proxy.py: a r
 4. 10,000 shards (10 pairs each) in the bucket at 30 ms per request: start-up of a streamed run (one listing, the
    shards' _stats.json read concurrently), the index build (2 processes) and opening the index (manifest, offsets,
    listing check).
-5. Host input: 256-px JPEGs -> 224 normalised, through the thread decoder (1 thread) and the process decoder with 1
-   and 2 worker processes.
+5. Host input: 256-px JPEGs -> 224 normalised, through the thread decoder (1 and 2 threads) and the process decoder
+   with 1 and 2 worker processes.
+6. A CSV table of 40k and 320k pairs written as webdataset shards (`build --dataset=web --table=...`) and read as web
+   data: the conversion's time and a training process's peak memory, per added pair.
 
   .venv/bin/python -m benchmarks.run --suites=web_store        (--quick: fewer steps, 2,000 shards)
 """
@@ -224,10 +226,14 @@ def host_input(n: int = 600) -> list[dict]:
     try:
       decoder.decode(specs, 32)   # workers started, buffers made
       t = time.perf_counter()
-      done = 0
-      while done < n:
-        decoder.decode(specs, 32)
+      done, pending = 0, []
+      while done < n:              # two batches in flight, as the web reader's decode stage keeps them
+        pending.append(decoder.submit(specs, 32))
+        if len(pending) == 2:
+          pending.pop(0).result()
         done += len(specs)
+      for p in pending:
+        p.result()
       rows.append(dict(decoder=label, images_per_s=done / (time.perf_counter() - t)))
     finally:
       decoder.close()
@@ -235,6 +241,34 @@ def host_input(n: int = 600) -> list[dict]:
   one = {r["decoder"].split(",")[0]: r["images_per_s"] for r in rows if r["decoder"].endswith(", 1")}
   for r in rows:
     r["vs_one"] = r["images_per_s"] / one[r["decoder"].split(",")[0]]
+  return rows
+
+
+def table_route(tmp: str, sizes=(40_000, 320_000), steps: int = 100, batch: int = 64) -> list[dict]:
+  """A table of `size` rows over 64 image files -> shards + index (timed) -> a training process's memory."""
+  from benchmarks.web_data import _run_child
+  from ncjax.data import build, web_synthetic
+  images = os.path.join(tmp, "table_images")
+  os.makedirs(images, exist_ok=True)
+  for k, data in enumerate(web_synthetic.jpeg_pool(64, 32, seed=5)):
+    with open(os.path.join(images, f"{k}.jpg"), "wb") as f:
+      f.write(data)
+  rows = []
+  for n in sizes:
+    table = os.path.join(tmp, f"pairs_{n}.tsv")
+    caps = web_synthetic.captions(0, n)
+    with open(table, "w") as f:
+      f.write("filepath\ttitle\n" + "".join(f"table_images/{k % 64}.jpg\t{caps[k]}\n" for k in range(n)))
+    out = os.path.join(tmp, f"table_wds_{n}")
+    t = time.perf_counter()
+    assert build.main(["--dataset=web", f"--manual_dir={tmp}", f"--table={table}", f"--output_dir={out}",
+                       "--workers=2"]) == 0
+    seconds = time.perf_counter() - t
+    r = _run_child(out, "index", steps, batch)
+    rows.append(dict(pairs=n, convert_s=seconds, peak_mib=r["end"]["VmHWM"] / 2**20))
+    print(rows[-1], flush=True)
+  for r in rows:
+    r["bytes_per_added_pair"] = (r["peak_mib"] - rows[0]["peak_mib"]) * 2**20 / max(1, r["pairs"] - rows[0]["pairs"])
   return rows
 
 
@@ -253,6 +287,7 @@ def run(quick: bool = False) -> dict:
     payload["index_memory"] = _index_memory(server, server.path("mem"), tmp, 10_000_000)
     payload["many_shards"] = _many_shards(server, LatencyProxy, server.path("many"), tmp, 2000 if quick else 10_000)
   payload["host_input"] = host_input(200 if quick else 600)
+  payload["table_route"] = table_route(tmp, (20_000, 80_000) if quick else (40_000, 320_000))
   common.write("web_store", payload)
   common.report("Web data on gs:// behind a latency proxy: the reader of one process (batch 64, 32 px)",
                 payload["reader"], [("latency_ms", "ms/request", ".0f"), ("reader", "reader", "s"),
@@ -269,6 +304,10 @@ def run(quick: bool = False) -> dict:
                 [("step", "step", "s"), ("shards", "shards", ",d"), ("seconds", "s", ".1f")])
   common.report("Host input: 256-px JPEG -> 224, batches of 64", payload["host_input"],
                 [("decoder", "decoder", "s"), ("images_per_s", "images/s", ",.0f"), ("vs_one", "vs 1", ".2f")])
+  common.report("A CSV table written as webdataset shards and trained as web data (index, pair reads)",
+                payload["table_route"], [("pairs", "pairs", ",d"), ("convert_s", "convert + index s", ".1f"),
+                                         ("peak_mib", "peak MiB (training reader)", ".0f"),
+                                         ("bytes_per_added_pair", "B/added pair", ".2f")])
   return payload
 
 

@@ -163,6 +163,10 @@ class ThreadDecoder:
     list(self.pool.map(one, range(b))) if self.pool is not None else [one(k) for k in range(b)]
     return images, tokens, errors
 
+  def submit(self, specs: list[ExampleSpec], context_length: int) -> "_Done":
+    """The batch made now (the threads share this process: nothing to overlap)."""
+    return _Done(self.decode(specs, context_length))
+
   def close(self):
     if self.pool is not None:
       self.pool.shutdown(wait=True, cancel_futures=True)
@@ -229,31 +233,23 @@ class ProcessDecoder:
     with self._lock:
       self._free.append(shm)
 
-  def decode(self, specs: list[ExampleSpec], context_length: int):
+  def submit(self, specs: list[ExampleSpec], context_length: int) -> "_Pending":
+    """Start making a batch; its result() is what decode() returns. Two batches in flight keep every worker busy
+    across the end of a batch (the last chunks of one overlap the first of the next)."""
     b, size = len(specs), self.settings.image_size
     shape = (b, size, size, 3)
     shm = self._buffer(int(np.prod(shape)) * 4)
     try:
-      chunks = np.array_split(np.arange(b), min(b, self.workers * 4)) if b else []
+      chunks = [r for r in (np.array_split(np.arange(b), min(b, self.workers * 4)) if b else []) if len(r)]
       futures = [self.pool.submit(_worker_make, shm.name, shape, rows.tolist(), [specs[k] for k in rows])
-                 for rows in chunks if len(rows)]
-      tokens = np.zeros((b, context_length), np.int32)
-      errors: list[str | None] = [None] * b
-      for rows, fut in zip([r for r in chunks if len(r)], futures):
-        for k, (tok, err) in zip(rows, fut.result()):
-          if err is None:
-            tokens[k] = tok
-          else:
-            errors[k] = err
-      view = np.ndarray(shape, np.float32, buffer=shm.buf)
-      images = view.copy()
-      for k, err in enumerate(errors):
-        if err is not None:
-          images[k] = 0.0
-      del view
-    finally:
+                 for rows in chunks]
+    except BaseException:
       self._release(shm)
-    return images, tokens, errors
+      raise
+    return _Pending(self, shm, shape, chunks, futures, context_length)
+
+  def decode(self, specs: list[ExampleSpec], context_length: int):
+    return self.submit(specs, context_length).result()
 
   def close(self):
     self.pool.shutdown(wait=True, cancel_futures=True)
@@ -265,6 +261,55 @@ class ProcessDecoder:
         except (FileNotFoundError, BufferError):
           pass
       self._all, self._free = [], []
+
+
+class _Pending:
+  """A batch being made by the worker processes."""
+
+  def __init__(self, decoder, shm, shape, chunks, futures, context_length):
+    self.decoder, self.shm, self.shape = decoder, shm, shape
+    self.chunks, self.futures, self.context_length = chunks, futures, context_length
+
+  def result(self):
+    b = self.shape[0]
+    try:
+      tokens = np.zeros((b, self.context_length), np.int32)
+      errors: list[str | None] = [None] * b
+      for rows, fut in zip(self.chunks, self.futures):
+        for k, (tok, err) in zip(rows, fut.result()):
+          if err is None:
+            tokens[k] = tok
+          else:
+            errors[k] = err
+      view = np.ndarray(self.shape, np.float32, buffer=self.shm.buf)
+      images = view.copy()   # the buffer is reused by a later batch: the batch leaves it now
+      del view
+      for k, err in enumerate(errors):
+        if err is not None:
+          images[k] = 0.0
+    finally:
+      for fut in self.futures:
+        fut.cancel()
+      self.decoder._release(self.shm)
+    return images, tokens, errors
+
+
+class _Done:
+  def __init__(self, value):
+    self.value = value
+
+  def result(self):
+    return self.value
+
+
+class Deferred:
+  """result() calls `fn` once (what comes after a batch's decode: assembling it)."""
+
+  def __init__(self, fn):
+    self.fn = fn
+
+  def result(self):
+    return self.fn()
 
 
 def make_decoder(settings: DecodeSettings, tokenizer, *, workers: int, threads: int):

@@ -571,8 +571,11 @@ class WebTrainData:
       decoder.close()
       reader.close()
 
-    yield from web_stages.run(self.units(start_step, stop_step), reader.submit,
-                              lambda step, specs: self.assemble(step, specs, decoder.decode(specs, context)),
+    def start_batch(step, specs):
+      pending = decoder.submit(specs, context)
+      return web_decode.Deferred(lambda: self.assemble(step, specs, pending.result()))
+
+    yield from web_stages.run(self.units(start_step, stop_step), reader.submit, start_batch,
                               prefetch=self.prefetch, readahead=2 if self.read == "block" else self.prefetch + 2,
                               on_close=on_close)
 

@@ -2,7 +2,8 @@
 
   fetch thread   units in order; the ranged reads of the next `readahead` units submitted at once (a store that
                  takes 30 ms per request is kept busy), each unit's bytes turned into its steps' example specs
-  decode thread  each step's specs made into arrays and assembled into the host batch
+  decode thread  each step's specs made into arrays (two steps in flight: worker processes never wait between
+                 batches) and assembled into the host batch
   the caller     takes finished batches, `prefetch` ahead
 
 An error in either thread reaches the caller, in order, as an exception; closing the generator stops both threads
@@ -30,9 +31,10 @@ class _Stop(Exception):
   pass
 
 
-def run(units, submit, make_batch, *, prefetch: int, readahead: int, on_close=None):
-  """Yields make_batch(step, specs) for every step of `units`, in order. `submit(ranges)` starts a unit's reads and
-  returns a handle whose result() is their bytes."""
+def run(units, submit, start_batch, *, prefetch: int, readahead: int, on_close=None, decode_ahead: int = 2):
+  """Yields the batch of every step of `units`, in order. `submit(ranges)` starts a unit's reads and returns a handle
+  whose result() is their bytes; `start_batch(step, specs)` starts making a step's batch and returns a handle whose
+  result() is the batch."""
   specs_q: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
   out_q: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
   stop = threading.Event()
@@ -86,13 +88,20 @@ def run(units, submit, make_batch, *, prefetch: int, readahead: int, on_close=No
 
   def decode():
     try:
+      pending = collections.deque()
       while True:
+        # hand on the oldest batch when the next step's specs are not there yet (no batch waits on a slow read)
+        if pending and (len(pending) >= max(1, decode_ahead) or specs_q.empty()):
+          put(out_q, pending.popleft().result())
+          continue
         item = get(specs_q)
         if item is done or isinstance(item, BaseException):
+          while pending:
+            put(out_q, pending.popleft().result())
           put(out_q, item)
           return
         step, specs = item
-        put(out_q, make_batch(step, specs))
+        pending.append(start_batch(step, specs))
     except _Stop:
       pass
     except BaseException as e:
