@@ -463,6 +463,17 @@ class WebIndex:
       end = int(self.ends[s])
     return s, start, end
 
+  def sample_ranges(self, ds, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(shard, start, end) of many samples at once; start -1 where the tar lacks the sample."""
+    ids = np.asarray(ids, np.int64)
+    shard = np.searchsorted(ds.starts, ids, side="right") - 1
+    start = np.asarray(self.offsets[ids]).astype(np.int64)
+    last = ids + 1 >= ds.starts[shard + 1]
+    nxt = np.asarray(self.offsets[np.minimum(ids + 1, len(self.offsets) - 1)]).astype(np.int64)
+    end = np.where(last | (nxt == int(self.missing)), self.ends[shard], nxt)
+    start = np.where(start == int(self.missing), -1, start)
+    return shard, start, end
+
   def run_ranges(self, ds, first: int, last: int) -> list[tuple[int, int, int, int, int]]:
     """The reads that cover ids [first, last): (shard, start byte, end byte, first id, id count) per shard touched,
     leaving out samples the tar lacks (those are always a shard's trailing ones)."""

@@ -428,6 +428,19 @@ class WebTrainData:
         out.append((d, s, a, b_, lo, n, store.Range(ds.shards[s], a, b_, ds.version_of(s))))
     return out
 
+  def _single_runs(self, gids: np.ndarray) -> list:
+    """_runs of single ids, computed for all of them at once (read 'pair': a step's ids in one pass)."""
+    out = []
+    dsets = np.searchsorted(self.offsets, gids, side="right") - 1
+    for d in np.unique(dsets):
+      ds = self.datasets[d]
+      local = gids[dsets == d] - self.offsets[d]
+      shards, starts, ends = ds.index.sample_ranges(ds, local)
+      for j, s, a, b_ in zip(local.tolist(), shards.tolist(), starts.tolist(), ends.tolist()):
+        if a >= 0:   # a sample its tar lacks is not read (it reads as a bad record)
+          out.append((int(d), s, a, b_, j, 1, store.Range(ds.shards[s], a, b_, ds.version_of(s))))
+    return out
+
   def _samples_of(self, runs, raw) -> dict:
     """{global id: Sample} from the bytes of `runs`."""
     out = {}
@@ -458,12 +471,12 @@ class WebTrainData:
     ids = self._local_ids(step, self.process_index)
     partners = self.noise.image_of(ids) if self.noise is not None else ids   # the whole batch at once
     wanted = np.unique(np.concatenate([ids, partners]))
-    runs = self._runs([(int(g), int(g) + 1) for g in wanted])
+    runs = self._single_runs(wanted)
 
     def build(raw):
       samples = self._samples_of(runs, raw)
       return [[self._spec(int(g), int(p), samples, (self.seed, step, first + k))
-               for k, (g, p) in enumerate(zip(ids, partners))]]
+               for k, (g, p) in enumerate(zip(ids.tolist(), partners.tolist()))]]
 
     return Unit([step], [r[-1] for r in runs], build)
 

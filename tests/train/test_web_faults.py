@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import multiprocess  # noqa: E402  (tests/multiprocess.py)
 from gcs_server import GCSServer  # noqa: E402
+from latency_proxy import LatencyProxy  # noqa: E402
 from helpers import ROOT, assert_trees_equal, tiny_clip_config  # noqa: E402
 from ncjax import fileio, train  # noqa: E402
 from ncjax.data import store, web, web_index, web_synthetic  # noqa: E402
@@ -37,10 +38,14 @@ def _write(root):
   web_index.build_index(root, workers=1)
 
 
-def test_a_four_second_outage_of_the_store_mid_run_is_absorbed_bitwise(tmp_path):
-  with GCSServer() as server:
+def test_a_four_second_outage_of_the_store_mid_run_is_absorbed_bitwise(tmp_path, monkeypatch):
+  with GCSServer() as server, LatencyProxy(server.port, 0.02) as proxy:
     root = server.path("web")
     _write(root)
+    for key, value in proxy.env.items():   # the run reads through the proxy: 20 ms per request, as a bucket
+      monkeypatch.setenv(key, value)
+    import fsspec
+    fsspec.filesystem("gcs").clear_instance_cache()
     cfg = _config(root, str(tmp_path / "cache"))
     reference = train.train(cfg, str(tmp_path / "reference"))
     assert reference.experiment.train_data.read == "block"
