@@ -38,7 +38,17 @@ def _write(root):
   web_index.build_index(root, workers=1)
 
 
-def test_a_four_second_outage_of_the_store_mid_run_is_absorbed_bitwise(tmp_path, monkeypatch):
+def _gcsfs_tries_once(monkeypatch):
+  """gcsfs retries each request for ~30 s itself, which absorbs a short outage before ncjax sees it; cut to one try,
+  so that the outage reaches ncjax's own policy (as an outage longer than gcsfs's retries does on a real bucket)."""
+  import gcsfs.core
+  import gcsfs.retry
+  once = gcsfs.retry.retry_request(retries=1)(gcsfs.core.GCSFileSystem._request.__wrapped__)
+  monkeypatch.setattr(gcsfs.core.GCSFileSystem, "_request", once)
+
+
+def test_a_four_second_outage_of_the_store_mid_run_is_absorbed_bitwise(tmp_path, monkeypatch, caplog):
+  _gcsfs_tries_once(monkeypatch)
   with GCSServer() as server, LatencyProxy(server.port, 0.02) as proxy:
     root = server.path("web")
     _write(root)
@@ -65,8 +75,11 @@ def test_a_four_second_outage_of_the_store_mid_run_is_absorbed_bitwise(tmp_path,
         seen["thread"] = threading.Thread(target=outage)
         seen["thread"].start()
 
-    interrupted = train.train(cfg, str(tmp_path / "interrupted"), evaluate=hook)
+    import logging
+    with caplog.at_level(logging.WARNING, logger="ncjax"):
+      interrupted = train.train(cfg, str(tmp_path / "interrupted"), evaluate=hook)
     seen["thread"].join()
+    assert "retrying for up to 120 s" in caplog.text     # the reads failed, and ncjax's policy retried them
     # the run was still reading when the store came back: the reads of the later steps waited out the outage
     assert seen["step_at_restart"] < STEPS - 3, seen
     assert int(interrupted.state["step"]) == STEPS
