@@ -237,13 +237,14 @@ class SimilarityHead(nnx.Module):
     return cols.T
 
   def intra_image(self, regions, rng=None):
-    """GSC's image-image structure with this head: region-wise squared differences at the same region index (no
-    attention) plus the global difference, aggregated like a pair. (Bi, R, D) -> (Bi, Bi)."""
+    """GSC's image-image structure with this head (`forward_topology` of `GSC/model/SGRAF.py`): region-wise squared
+    differences at the same region index, + 1e-6 (no attention), plus the global difference (+ 1e-6), aggregated
+    like a pair. (Bi, R, D) -> (Bi, Bi), symmetric."""
     region_mask = jnp.ones(regions.shape[:-1], bool)
     glo = self.v_pool(regions, region_mask, rng)
 
     def row(i_regions, i_glo):
-      sim_loc = l2norm(self.sim_local(jnp.square(i_regions[None] - regions)))
+      sim_loc = l2norm(self.sim_local(jnp.square(i_regions[None] - regions) + 1e-6))
       sim_glo = l2norm(self.sim_global(jnp.square(i_glo[None] - glo) + 1e-6))
       return self._aggregate(sim_glo, sim_loc, region_mask)
 
@@ -251,37 +252,46 @@ class SimilarityHead(nnx.Module):
 
   def intra_text(self, words, word_mask, form: str = "attention", rng=None):
     """GSC's caption-caption structure with this head, (Bt, L, D) -> (Bt, Bt), aggregated like a pair:
-      'attention' (GSC's single-network code, `GSC/model/SGRAF.py`): caption i's words attend over caption j's words
-                  (SCAN's attention, smoothing `smooth`, each side within its length), the attended context
-                  differences plus the global difference;
-      'aligned'   (GSC+'s code): position-aligned word differences (padding included, as that code) plus the global
-                  difference, no attention."""
+      'attention' (GSC's single-network code, `forward_topology` of `GSC/model/SGRAF.py`): entry [k, i] is caption i
+                  as the query — its words attend over caption k's words (+ 1e-6, as that code's context; SCAN's
+                  attention, smoothing `smooth`, each side within its length), the attended context differences
+                  plus the global difference (+ 1e-6), aggregated over i's words. The code loops over the query i
+                  and concatenates each result as column i, so the query is the *column* (the matrix is not
+                  symmetric: SCAN's attention is not); GSC's label weights then scale the query's column;
+      'aligned'   (GSC+'s code): position-aligned word differences (+ 1e-6; padding included up to the batch's
+                  longest caption, as that code) plus the global difference, no attention; symmetric."""
     if form not in TEXT_STRUCTURES:
       raise ValueError(f"unknown model.region.text_structure {form!r}; expected one of {TEXT_STRUCTURES}")
     glo = self.t_pool(words, word_mask, rng)
     if form == "aligned":
-      all_words = jnp.ones(word_mask.shape, bool)
+      # GSC+ pads every caption to the batch's longest (pad_packed_sequence) and keeps the padding as nodes: the
+      # positions up to that length, whatever the fixed context length the tokens come in
+      longest = jnp.max(jnp.sum(word_mask, axis=-1))
+      positions = jnp.broadcast_to(jnp.arange(word_mask.shape[-1]) < longest, word_mask.shape)
 
       def row(i_words, i_glo):
-        sim_loc = l2norm(self.sim_local(jnp.square(i_words[None] - words)))
+        sim_loc = l2norm(self.sim_local(jnp.square(i_words[None] - words) + 1e-6))
         sim_glo = l2norm(self.sim_global(jnp.square(i_glo[None] - glo) + 1e-6))
-        return self._aggregate(sim_glo, sim_loc, all_words)
+        return self._aggregate(sim_glo, sim_loc, positions)
 
       return jax.lax.map(lambda a: row(*a), (words, glo))
 
-    context_mask = word_mask[:, None, :]                                # (Bt, 1, M): caption j's own words
+    context_mask = word_mask[:, None, :]                                # (Bt, 1, M): caption k's own words
+    contexts = words + 1e-6                                             # the code's `cap_emb + 1e-6`
 
-    def attended_row(i_words, i_mask, i_glo):
-      attn = jnp.einsum("jmd,ld->jml", words, i_words)                  # (Bt, M, L): j's words x i's words
+    def query_column(i_words, i_mask, i_glo):
+      """Caption i as the query against every caption k as the context: (Bt,) over k."""
+      attn = jnp.einsum("kmd,ld->kml", contexts, i_words)               # (Bt, M, L): k's words x i's words
       attn = jax.nn.leaky_relu(attn, 0.1) * f32(i_mask)[None, None, :]
       attn = l2norm(attn, axis=-1)                                      # over i's (valid) words, as SCAN
-      attn = _masked_softmax(self.smooth * jnp.swapaxes(attn, -1, -2), context_mask)   # (Bt, L, M): over j's words
-      context = l2norm(jnp.einsum("jlm,jmd->jld", attn, words))
+      attn = _masked_softmax(self.smooth * jnp.swapaxes(attn, -1, -2), context_mask)   # (Bt, L, M): over k's words
+      context = l2norm(jnp.einsum("klm,kmd->kld", attn, contexts))
       sim_loc = l2norm(self.sim_local(jnp.square(context - i_words[None])))
       sim_glo = l2norm(self.sim_global(jnp.square(i_glo[None] - glo) + 1e-6))
       return self._aggregate(sim_glo, sim_loc, jnp.broadcast_to(i_mask, word_mask.shape))
 
-    return jax.lax.map(lambda a: attended_row(*a), (words, word_mask, glo))
+    columns = jax.lax.map(lambda a: query_column(*a), (words, word_mask, glo))   # [i, k]: query i, context k
+    return columns.T                                                     # [k, i], as GSC's sim_cap
 
 
 TEXT_STRUCTURES = ("attention", "aligned")
