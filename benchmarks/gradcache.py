@@ -85,6 +85,8 @@ def _child(arg_json: str) -> None:
   with cfg.unlocked():
     cfg.optim.micro_batches = spec["k"]
     cfg.input.dataset = "synthetic"
+    if not cfg.method.init_from:
+      cfg.method.init_from = "random"   # timing and memory: any weights serve
   seconds = common.train_step_seconds(cfg, steps=2)
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   print("RESULT " + json.dumps(dict(step_seconds=seconds, peak_rss_gib=peak / GiB)))

@@ -20,7 +20,7 @@ def _config(config_name: str, arg: str, size: str, batch: int):
   from ncjax.config_lib import load_config_file
   cfg = load_config_file(config_name, f"model={size},data=synthetic,batch={batch},epochs=2,{arg}")
   with cfg.unlocked():
-    cfg.method.init_from = ""
+    cfg.method.init_from = "random"   # step timing: any weights serve (the unlearning methods refuse none otherwise)
     if config_name == "ncu":
       cfg.method.frozen_text_blocks = 1
   return cfg

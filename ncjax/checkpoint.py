@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ncjax import errors
 from ncjax import fileio
 
 log = logging.getLogger("ncjax")
@@ -70,7 +71,7 @@ def git_hash() -> str:
     return "unknown"
 
 
-class CheckpointWriteError(OSError):
+class CheckpointWriteError(errors.StoreError):
   """A checkpoint could not be written (disk full, read-only or vanished workdir). The checkpoints written before
   it are intact: orbax finalises a step by renaming its temporary directory, which a failed save never reaches."""
 
@@ -238,7 +239,8 @@ def check_state_shapes(ckpt: Checkpointer, step: int, abstract_state):
     parts = ([f"shapes differ ({'; '.join(differ[:3])}{' ...' if len(differ) > 3 else ''})"] if differ else []) + \
             ([f"absent from the checkpoint: {missing[:3]}"] if missing else []) + \
             ([f"not in this config's state: {extra[:3]}"] if extra else [])
-    raise ValueError(f"checkpoint {ckpt.directory}/{step} was written by another model or method than this config "
+    raise errors.CheckpointError(f"checkpoint {ckpt.directory}/{step} was written by another model or method than "
+                                 f"this config "
                      f"builds: {'; '.join(parts)}. Resume with the config it was trained with (its "
                      f"meta/metadata holds it) or use a new --workdir.")
 
@@ -256,8 +258,8 @@ def _locate(path: str) -> tuple[str, int | None]:
     return fileio.join(path, "checkpoints"), None
   if fileio.isdir(path):
     return path, None
-  raise FileNotFoundError(f"no checkpoint directory at {path} (expected WORKDIR, WORKDIR/checkpoints or "
-                          f"WORKDIR/checkpoints/STEP)")
+  raise errors.MissingCheckpoint(f"no checkpoint directory at {path} (expected WORKDIR, WORKDIR/checkpoints or "
+                                 f"WORKDIR/checkpoints/STEP)")
 
 
 def _open_step(path: str) -> tuple[Checkpointer, int, dict]:
@@ -267,7 +269,8 @@ def _open_step(path: str) -> tuple[Checkpointer, int, dict]:
   step = ckpt.latest_step() if step is None else step
   if step is None:
     ckpt.close()
-    raise FileNotFoundError(f"{directory} holds no finished checkpoint")
+    raise errors.MissingCheckpoint(f"{directory} holds no finished checkpoint: give a run's workdir whose training "
+                                   f"saved at least one step")
   return ckpt, step, ckpt.read_meta(step)
 
 

@@ -15,6 +15,8 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
+from ncjax import errors
+
 
 def optional(value_type: type):
   """A config-argument default meaning "not set" (None) whose value, when given, is parsed as `value_type`:
@@ -325,7 +327,7 @@ def region_model(c, a):
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.ConfigurationError):
   """A config that cannot be loaded or overridden: the message is one line naming what was asked and what exists."""
 
 

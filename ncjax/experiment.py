@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 
+from ncjax import errors
 from ncjax import checkpoint as ckpt_lib
 from ncjax import data as data_lib
 from ncjax import models, pretrained, tokenizers
@@ -31,18 +32,22 @@ from ncjax.models.microbatch import check_micro_batches
 from ncjax.options import Options
 
 
+RANDOM_INIT = "random"   # method.init_from: start from random weights, on purpose
+
+
 @dataclasses.dataclass(frozen=True)
 class InitSource:
-  """Where a run's parameters start (`method.init_from`): nothing ('none'), another ncjax run's latest checkpoint
-  ('run': its modules and its tokenizer), or a pretrained checkpoint ('pretrained': openai:PATH, open_clip:PATH,
-  hf:DIR, meru:PATH — it also defines the architecture, see `resolve_config`)."""
+  """Where a run's parameters start (`method.init_from`): nothing ('none'; `init=random` says so on purpose, for a
+  method that otherwise refuses to start without a trained model), another ncjax run's latest checkpoint ('run': its
+  modules and its tokenizer), or a pretrained checkpoint ('pretrained': openai:PATH, open_clip:PATH, hf:DIR,
+  meru:PATH — it also defines the architecture, see `resolve_config`)."""
   kind: str
   spec: str = ""
 
   @classmethod
   def parse(cls, init_from: str) -> "InitSource":
-    if not init_from:
-      return cls("none")
+    if not init_from or init_from == RANDOM_INIT:
+      return cls("none", init_from)
     return cls("pretrained" if pretrained.is_pretrained_spec(init_from) else "run", init_from)
 
   def saved_tokenizer(self) -> dict | None:
@@ -96,7 +101,17 @@ class Resolved:
                                                            prior_scores=prior_scores), self.options)
 
   def prior_scores_source(self) -> str | None:
-    return self.method_class.prior_scores_source(self.options, self.config.method.init_from)
+    return self.method_class.prior_scores_source(self.options, self.init.spec if self.init.kind != "none" else "")
+
+  def check_start(self) -> None:
+    """A method that changes a trained model (unlearning) refuses to train from random weights unless asked to:
+    it would run, and its results would mean nothing."""
+    cls = self.method_class
+    if cls.needs_trained_start and self.init.kind == "none" and self.init.spec != RANDOM_INIT:
+      raise errors.ConfigurationError(
+          f"method {cls.name!r} {cls.needs_trained_start} — it needs one to start from: set init= to a trained "
+          f"run's workdir or a pretrained checkpoint (e.g. --config=...:init=/runs/clip or init=openai:PATH; "
+          f"--config.method.init_from=... otherwise); init=random trains it from random weights on purpose")
 
 
 def resolve(config) -> Resolved:

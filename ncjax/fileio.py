@@ -19,8 +19,10 @@ import posixpath
 import shutil
 import tempfile
 
+from ncjax import errors
 
-class StorageError(OSError):
+
+class StorageError(errors.StoreError):
   """Writing to object storage failed (the store unreachable, the bucket missing, no permission): one line saying
   which path and why, instead of the HTTP client's exception chain."""
 

@@ -24,6 +24,8 @@ import os
 import sys
 
 from absl import app, flags
+
+from ncjax import errors
 from ml_collections.config_flags import config_flags
 
 class _ConfigSpecParser(config_flags.ConfigFileFlagParser):
@@ -111,6 +113,8 @@ _PLUGINS = flags.DEFINE_list("plugins", [], "Python files (path/to/my_method.py)
                              "before anything else: methods, evaluators, datasets or towers registered outside "
                              "ncjax (`@ncjax.methods.register(...)`), usable by every command")
 
+_VERBOSE = flags.DEFINE_bool("verbose", False, "On an error, print its traceback as well (also NCJAX_DEBUG=1)")
+
 COMMANDS = ("train", "eval", "export", "ncbench", "audit")
 
 
@@ -124,7 +128,7 @@ def load_plugins(specs) -> list:
     if spec.endswith(".py"):
       path = os.path.abspath(spec)
       if not os.path.isfile(path):
-        raise app.UsageError(f"--plugins: no such file {spec!r}")
+        raise errors.ConfigurationError(f"--plugins: no such file {spec!r}")
       name = f"ncjax_plugin_{os.path.splitext(os.path.basename(path))[0]}"
       if name not in sys.modules:
         module_spec = importlib.util.spec_from_file_location(name, path)
@@ -182,7 +186,8 @@ def expand_checkpoints(spec: str) -> list[tuple[str, int]]:
     steps = manager.all_steps()
     manager.close()
     if not steps:
-      raise FileNotFoundError(f"{workdir} holds no checkpoint (expected {workdir}/checkpoints/<step>/)")
+      raise errors.MissingCheckpoint(f"{workdir} holds no checkpoint (expected {workdir}/checkpoints/<step>/): "
+                                     f"give --checkpoints a run's workdir (ncjax train --workdir=...)")
     out.extend((workdir, s) for s in (steps[-1:] if latest_only else sorted(steps)))
   return out
 
@@ -191,7 +196,7 @@ def eval_command(config):
   """Evaluate checkpoints: one JSON per checkpoint (WORKDIR/eval/step_N.json) and a summary (markdown + CSV)."""
   import jax
   if not _CHECKPOINTS.value:
-    raise app.UsageError("eval needs --checkpoints=WORKDIR[/checkpoints/STEP][,...]")
+    raise errors.ConfigurationError("eval needs --checkpoints=WORKDIR[/checkpoints/STEP][,...]")
   from ncjax import evaluation
   rows = []
   for workdir, step in expand_checkpoints(_CHECKPOINTS.value):
@@ -214,7 +219,7 @@ def suite_command(config):
   model of --init); see ncjax.eval_suite."""
   from ncjax import eval_suite, fileio
   if bool(_CHECKPOINTS.value) == bool(_INIT.value):
-    raise app.UsageError("an eval suite needs --checkpoints=WORKDIR[,...] or --init=SPEC (one of them)")
+    raise errors.ConfigurationError("an eval suite needs --checkpoints=WORKDIR[,...] or --init=SPEC (one of them)")
   data_dir = _DATA_DIR.value
   entries = eval_suite.parse_datasets(_DATASETS.value or "", _TASKS.value, data_dir)
   if _SUITE.value:
@@ -272,7 +277,7 @@ def export_command():
   from ncjax import checkpoint as ckpt_lib, config_lib, fileio
   from ncjax import pretrained
   if not _CHECKPOINT.value or not _OUTPUT.value:
-    raise app.UsageError("export needs --checkpoint=WORKDIR[:STEP] and --output=DIR")
+    raise errors.ConfigurationError("export needs --checkpoint=WORKDIR[:STEP] and --output=DIR")
   workdir, step = _CHECKPOINT.value, ""
   head, _, tail = workdir.rpartition(":")
   if head and (tail.isdigit() or tail == "latest"):   # WORKDIR:STEP (a gs:// workdir has a colon of its own)
@@ -281,7 +286,7 @@ def export_command():
   params, meta, step = ckpt_lib.restore_params(path)
   config = config_lib.from_json_dict(meta["config"])
   if _MODULE.value not in params:
-    raise app.UsageError(f"the checkpoint has no module {_MODULE.value!r}; modules: {sorted(params)}")
+    raise errors.ConfigurationError(f"the checkpoint has no module {_MODULE.value!r}; modules: {sorted(params)}")
   files = []
   if jax.process_index() == 0:
     remote = fileio.is_remote(_OUTPUT.value)
@@ -309,7 +314,7 @@ def audit_command(config):
   """Score every pair of a dataset with a run or a pretrained model; write DIR/audit.csv, plots and index.html."""
   from ncjax import audit
   if not _OUTPUT.value or bool(_CHECKPOINT.value) == bool(_INIT.value):
-    raise app.UsageError("audit needs --output=DIR and --checkpoint=WORKDIR[:STEP] or --init=SPEC (with --config)")
+    raise errors.ConfigurationError("audit needs --output=DIR and --checkpoint=WORKDIR[:STEP] or --init=SPEC (with --config)")
   workdir, step = _split_checkpoint(_CHECKPOINT.value) if _CHECKPOINT.value else ("", None)
   return audit.run(_OUTPUT.value, top=_TOP.value, checkpoint=workdir, step=step, init=_INIT.value or "",
                    config=config, dataset=_DATASET.value, split=_SPLIT.value, data_dir=_DATA_DIR.value,
@@ -323,11 +328,11 @@ def _upload(local: str, remote: str) -> str:
   return remote
 
 
-def main(argv):
+def _dispatch(argv):
   args = [a for a in argv[1:]]
   command = args[0] if args else "train"
   if command not in COMMANDS:
-    raise app.UsageError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
+    raise errors.ConfigurationError(f"unknown command {command!r}; commands: {', '.join(COMMANDS)}")
   load_plugins(_PLUGINS.value)
   if command == "export":
     _init_jax()
@@ -353,37 +358,48 @@ def main(argv):
     eval_command(_CONFIG.value)
     return
   if _CONFIG.value is None:
-    raise app.UsageError("--config is required, e.g. --config=clip:model=tiny (a shipped config by name) or "
+    raise errors.ConfigurationError("--config is required, e.g. --config=clip:model=tiny (a shipped config by name) or "
                          "--config=path/to/config.py")
   if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required")
+    raise errors.ConfigurationError("--workdir is required")
   _init_jax()
   logging.getLogger("ncjax").setLevel(logging.INFO)
-  from ncjax.checkpoint import CheckpointWriteError
-  from ncjax.data.readers import DataFormatError
-  from ncjax.evals import EvaluatorConfigError
-  from ncjax.fileio import StorageError
+  if command == "ncbench":
+    from ncjax import ncbench
+    ncbench.run(_CONFIG.value, _WORKDIR.value)
+  else:
+    train_command(_CONFIG.value, _WORKDIR.value)
+
+
+def _process_info() -> tuple[int, int]:
+  """(this process's index, the process count) for reporting an error, without starting JAX for it."""
+  if _NUM_PROCESSES.value > 1:
+    return _PROCESS_ID.value, _NUM_PROCESSES.value
+  if "jax" in sys.modules and _DISTRIBUTED.value:
+    import jax
+    return jax.process_index(), jax.process_count()
+  return 0, 1
+
+
+def main(argv):
+  """Every command through one error path (ncjax.errors): a user error ends as one line `ncjax: error: ...` and its
+  own exit status, printed once over the processes, and the process leaves at once (no background thread prints
+  after it); a preemption ends with its checkpoint saved and status 75; anything else keeps its traceback.
+  `--verbose` (or NCJAX_DEBUG=1) prints the traceback of a user error too."""
   from ncjax.train import PREEMPTED_EXIT_STATUS, Preempted
   try:
-    if command == "ncbench":
-      from ncjax import ncbench
-      ncbench.run(_CONFIG.value, _WORKDIR.value)
-    else:
-      train_command(_CONFIG.value, _WORKDIR.value)
+    _dispatch(argv)
   except Preempted as e:
     # The checkpoint of the step it stopped at is written; the relaunched command resumes there.
     print(f"ncjax: {e}", file=sys.stderr, flush=True)
-    sys.exit(PREEMPTED_EXIT_STATUS)
-  except EvaluatorConfigError as e:
-    print(f"ncjax: error: {e}", file=sys.stderr, flush=True)
-    sys.exit(2)
-  except (CheckpointWriteError, StorageError, DataFormatError) as e:
-    # One clear line, then exit without interpreter shutdown: orbax's writer threads would otherwise bury it
-    # under their own tracebacks. Nothing is lost: metrics are flushed and finished checkpoints are final.
-    # (A store that stopped answering, a shard missing or changed since its index was built, a file not in the
-    # layout it should have.)
-    print(f"ncjax: error: {getattr(e, 'strerror', None) or e}", file=sys.stderr, flush=True)
-    os._exit(2)
+    sys.exit(PREEMPTED_EXIT_STATUS)   # a normal shutdown: every process stops at the same step (jax's barrier)
+  except Exception as e:  # noqa: BLE001 — user errors are reported, the others re-raised with their traceback
+    index, count = _process_info()
+    status = errors.report(e, process_index=index, process_count=count,
+                           debug=_VERBOSE.value or errors.debug_requested([]))
+    if status is None:
+      raise
+    errors.exit_now(status)
 
 
 def run():

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ncjax import errors
 import ncjax
 from ncjax import checkpoint as ckpt_lib
 from ncjax import optim as optim_lib
@@ -230,14 +231,18 @@ class Trainer:
                                               write_deadline_s=config.ckpt.write_deadline_s)
     latest = self.checkpointer.latest_step() if step is None else step
     if step is not None and step not in self.checkpointer.all_steps():
-      raise FileNotFoundError(f"{workdir} has no checkpoint at step {step}; it has {self.checkpointer.all_steps()}")
+      raise errors.MissingCheckpoint(f"{workdir} has no checkpoint at step {step}; it has "
+                                     f"{self.checkpointer.all_steps()}")
     self.resume_meta = self.checkpointer.read_meta(latest) if latest is not None else None
     saved_tok = self.resume_meta["tokenizer"] if self.resume_meta else None
     self.exp = build_experiment(config, devices=devices, saved_tokenizer=saved_tok)
     exp = self.exp
+    if step is None:
+      exp.resolved.check_start()
     self.config = config = exp.config   # with a pretrained init_from's architecture laid in
     if exp.steps_per_epoch < 1:
-      raise ValueError("fewer training examples than one global batch")
+      raise errors.ConfigurationError(f"{exp.train_data.num_examples} training examples are fewer than one global "
+                                      f"batch of {config.input.global_batch_size}: choose a smaller batch")
     self.spans = stage_spans(exp.method.stages(), exp.steps_per_epoch)
     self.total_steps = total_steps_of(config, self.spans)
     mesh = exp.mesh
@@ -292,14 +297,14 @@ class Trainer:
                 "(input.global_batch_size or the data changed)")
     for key, value in current.items():
       if key in meta and meta[key] != value:
-        raise ValueError(f"cannot resume {where}: {what[key]} differs: checkpoint {meta[key]!r}, this config "
-                         f"{value!r}. Use a new --workdir for a different run.")
+        raise errors.CheckpointError(f"cannot resume {where}: {what[key]} differs: checkpoint {meta[key]!r}, this "
+                                     f"config {value!r}. Use a new --workdir for a different run.")
     check_order = getattr(exp.train_data, "check_resume", None)
     if check_order is not None:   # web data: the order of the remaining steps depends on more than the step
       try:
         check_order(meta.get("data") or {})
       except ValueError as e:
-        raise ValueError(f"cannot resume {where}: {str(e).removeprefix('cannot resume: ')}") from None
+        raise errors.CheckpointError(f"cannot resume {where}: {str(e).removeprefix('cannot resume: ')}") from None
     order = meta.get("data", {}).get("order_version", 1)
     if order != exp.train_data.iterator_state(meta["step"]).get("order_version", order):
       log.warning("resuming %s, whose data order was drawn by an earlier ncjax (order version %s): from here the "

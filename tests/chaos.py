@@ -72,7 +72,7 @@ class Scenario:
 _GSC = "--config=configs/gsc.py:model=micro,batch=256,epochs=3,warmup=1"
 SCENARIOS = {
     # 5 steps per epoch on digits at batch 256: stage 1 (prompt) = steps 0-4, stage 2 (unlearning) = 5-9.
-    "ncu": Scenario(("--config=configs/ncu.py:model=micro,batch=256,epochs=1,epochs_prompt=1",)),
+    "ncu": Scenario(("--config=configs/ncu.py:model=micro,batch=256,epochs=1,epochs_prompt=1,init=random",)),
     # warm-up epoch, then GSC with the GMM labels refreshed at every epoch's end (steps 5 and 10).
     "gsc": Scenario((_GSC,)),
     # the same on 2 processes x 4 devices: per-sample state split over both processes' devices

@@ -24,10 +24,17 @@ def make_config(name: str, arg: str = "", **overrides):
   with cfg.unlocked():
     if cfg.model.size == "tiny":
       cfg.model.size = TEST_MODEL
+    if not cfg.method.init_from and _needs_trained_start(cfg.method.name):
+      cfg.method.init_from = "random"   # the tests train unlearning methods from random weights on purpose
     cfg.evals = {}
     cfg.log.progress = False
     cfg.ckpt.async_save = False
   return override(cfg, **overrides)
+
+
+def _needs_trained_start(method: str) -> bool:
+  from ncjax.methods import method_class
+  return bool(method_class(method).needs_trained_start)
 
 
 def override(cfg, **overrides):

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ncjax import errors
 from ncjax.data import preprocess, readers, streams
 from ncjax.data.noise import NoisyIndex
 from ncjax.data.types import PairSplit
@@ -37,7 +38,7 @@ log = logging.getLogger("ncjax")
 HOST_ONLY_PREFIX = "_"  # batch keys starting with this stay on the host (input statistics)
 
 
-class BadRecordError(ValueError):
+class BadRecordError(errors.DataError):
   """A record that cannot be used (corrupt image, empty caption) under input.on_bad_record='raise'."""
 
 
@@ -49,10 +50,11 @@ def batch_axes(mesh) -> tuple[str, ...]:
 def check_batch_divisible(global_batch: int, mesh) -> None:
   n = mesh.devices.size
   if global_batch % n:
-    raise ValueError(f"global batch size {global_batch} is not divisible by the {n} devices of the mesh "
+    raise errors.TopologyError(f"global batch size {global_batch} is not divisible by the {n} devices of the mesh "
                      f"{dict(mesh.shape)}; choose a multiple of {n}")
   if global_batch % jax.process_count():
-    raise ValueError(f"global batch size {global_batch} is not divisible by the {jax.process_count()} processes")
+    raise errors.TopologyError(f"global batch size {global_batch} is not divisible by the {jax.process_count()} "
+                               f"processes; choose a multiple of {jax.process_count()}")
 
 
 @dataclasses.dataclass

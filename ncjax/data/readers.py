@@ -21,10 +21,12 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ncjax import errors
+
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp")
 
 
-class DataFormatError(ValueError):
+class DataFormatError(errors.DataError):
   """The user's files are missing or not in the expected layout."""
 
 

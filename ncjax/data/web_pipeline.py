@@ -60,6 +60,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ncjax import errors
 from ncjax import fileio
 from ncjax.data import mixture as mix_lib
 from ncjax.data import store, web, web_decode, web_stages
@@ -238,7 +239,8 @@ class WebTrainData:
     if mesh is not None:
       check_batch_divisible(global_batch_size, mesh)
     if global_batch_size % self.process_count:
-      raise ValueError(f"global batch size {global_batch_size} is not divisible by {self.process_count} processes")
+      raise errors.TopologyError(f"global batch size {global_batch_size} is not divisible by {self.process_count} "
+                                 f"processes; choose a multiple of {self.process_count}")
     if on_bad_record not in ("skip", "raise"):
       raise ValueError(f"input.on_bad_record must be 'skip' or 'raise', got {on_bad_record!r}")
     self.datasets, self.tokenizer = list(datasets), tokenizer
@@ -288,7 +290,8 @@ class WebTrainData:
       try:
         import simplejpeg  # noqa: F401
       except ImportError as e:
-        raise ValueError("input.web.decoder='simplejpeg' needs simplejpeg: pip install 'ncjax[web]'") from e
+        raise errors.MissingDependency("input.web.decoder='simplejpeg' needs simplejpeg: pip install 'ncjax[web]'") \
+            from e
     self.settings = web_decode.DecodeSettings(int(image_size), normalization, bool(augment), tuple(crop_scale),
                                               decoder, "")
     self.on_bad_record = on_bad_record
@@ -399,8 +402,9 @@ class WebTrainData:
       if before is not None and before != value:
         differ.append(f"{key}: checkpoint {before!r}, now {value!r}")
     if differ:
-      raise ValueError(f"cannot resume: the web data's order of the remaining steps would differ ({'; '.join(differ)})"
-                       f": resume with the checkpoint's settings, or start a new --workdir")
+      raise errors.CheckpointError(f"cannot resume: the web data's order of the remaining steps would differ "
+                                   f"({'; '.join(differ)}): resume with the checkpoint's settings, or start a new "
+                                   f"--workdir")
 
   def pairs(self):
     """No in-memory view of web-scale pairs: evaluators that score the training pairs (noise_detection) do not

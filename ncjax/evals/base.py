@@ -16,6 +16,7 @@ import math
 import os
 from typing import Any
 
+from ncjax import errors
 from ncjax import data as data_lib
 from ncjax.data.pipeline import TrainingPairs
 from ncjax.models import ModelSpec
@@ -103,7 +104,7 @@ class Evaluator(abc.ABC):
     self.data()
 
 
-class EvaluatorConfigError(ValueError):
+class EvaluatorConfigError(errors.ConfigurationError):
   """An evaluator of config.evals cannot run on the data it names (found before training starts)."""
 
 

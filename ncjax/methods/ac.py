@@ -62,6 +62,7 @@ class MERUOptions(CLIPOptions):
 class _CalibrationMethod(SingleModelMethod):
   """Shared by AC and HAC: encodes the two halves of a forget/retain batch (`concept.train_on='forget_retain'`:
   N retain and N forget pairs per global batch, the batch's `forget` flag says which)."""
+  needs_trained_start = "unlearns a concept from a trained model (CLIP, or MERU for hac)"
 
   needs_forget_retain_batches = True
 

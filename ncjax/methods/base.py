@@ -103,6 +103,9 @@ class Method(abc.ABC):
   # True: every global batch holds N retain and N forget pairs with the batch's `forget` flags (AC / HAC; the
   # experiment checks `concept.train_on='forget_retain'`).
   needs_forget_retain_batches: bool = False
+  # What the method changes, when it changes a trained model (unlearning); the trainer then refuses to start it from
+  # random weights unless the config says init=random (ncjax.experiment.Resolved.check_start). '' for the others.
+  needs_trained_start: str = ""
 
   def __init__(self, setup: MethodSetup, options: Options | None = None):
     spec = setup.model

@@ -131,6 +131,7 @@ class _ForgetStateMixin:
 
 @register("ncu")
 class NCU(_ForgetStateMixin, TwoTowerMethod):
+  needs_trained_start = "unlearns the noisy pairs a trained CLIP memorised"
 
   Options = NCUOptions
   bench = (
@@ -214,6 +215,7 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
 class GradientAscent(_ForgetStateMixin, SingleModelMethod):
   """NCU paper Sec. 5.3's gradient-ascent baseline (ncjax.losses.ncu.gradient_ascent) on the per-batch forget set,
   selected as NCU does."""
+  needs_trained_start = "unlearns the noisy pairs of a trained CLIP by gradient ascent"
 
   Options = GradientAscentOptions
   bench = (BenchEntry("ncu_ga", "gradient-ascent unlearning of the CLIP run (NCU paper's baseline)", "ncu",

@@ -43,6 +43,7 @@ from typing import Callable
 import ml_collections
 import numpy as np
 
+from ncjax import errors
 from ncjax.pretrained.weights_io import CheckpointFormatError, read_tensors, write_safetensors
 
 FORMATS = ("openai", "open_clip", "hf", "meru", "big_vision")
@@ -54,7 +55,7 @@ OPENAI_NORMALIZATION = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.2613
 IMAGENET_NORMALIZATION = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
-class UnsupportedArchitecture(ValueError):
+class UnsupportedArchitecture(errors.CheckpointError):
   """A checkpoint whose architecture ncjax's towers cannot represent (ResNet, timm or HF text towers, ...)."""
 
 

@@ -13,6 +13,8 @@ import zipfile
 
 import numpy as np
 
+from ncjax import errors
+
 SAFETENSORS_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
     "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
@@ -20,7 +22,7 @@ SAFETENSORS_DTYPES = {
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(errors.CheckpointError):
   """A checkpoint file that cannot be read as what it claims to be (truncated, wrong format, unknown dtype)."""
 
 

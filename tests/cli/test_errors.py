@@ -1,0 +1,122 @@
+"""A newcomer's mistakes, through the real CLI in subprocesses (ncjax.errors): each ends as one line
+`ncjax: error: ...` naming the problem, the last thing on stderr, with its kind's exit status and no traceback —
+including `ncjax audit` of a run with no checkpoint (whose orbax thread used to print after the message) and a
+2-process run that finds the same problem in both processes (printed once). `--verbose` adds the traceback; an error
+of ncjax itself keeps its traceback and exit status 1."""
+
+import concurrent.futures as cf
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT
+import multiprocess
+
+PY = sys.executable
+
+
+def _cli(args, tmp_path, extra_env=None, timeout=300):
+  env = multiprocess.env(extra_env)
+  return subprocess.run([PY, "-m", "ncjax.main", *args], cwd=str(tmp_path), env=env, capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def _assert_one_line(out, status, *names):
+  lines = [line for line in out.stderr.splitlines() if line.strip()]
+  errors = [line for line in lines if line.startswith("ncjax: error:")]
+  assert out.returncode == status, (out.returncode, out.stderr[-3000:])
+  assert len(errors) == 1 and lines[-1] == errors[0], out.stderr[-3000:]   # one line, and nothing after it
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  for name in names:
+    assert name in errors[0], (name, errors[0])
+  return errors[0]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A one-step CLIP run on digits (a workdir with a checkpoint)."""
+  base = tmp_path_factory.mktemp("errors_run")
+  workdir = str(base / "run")
+  out = _cli(["train", "--config=clip:model=micro,batch=64,noise=0.4", "--config.total_steps=1",
+              "--config.evals={}", "--config.log.progress=False", f"--workdir={workdir}", "--cpu_devices=8"], base)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return workdir
+
+
+def test_bad_inputs_end_in_one_clear_line_with_the_exit_status_of_their_kind(tmp_path, trained):
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  fake = tmp_path / "fake_simplejpeg" / "simplejpeg"
+  fake.mkdir(parents=True)
+  (fake / "__init__.py").write_text("raise ImportError('No module named simplejpeg')\n")   # as if not installed
+  (tmp_path / "web").mkdir()
+  from ncjax.data import web_synthetic
+  web_synthetic.write_img2dataset(str(tmp_path / "web"), 64, per_shard=32, image_size=8, pool=2)
+  run = ["train", "--cpu_devices=8"]
+  cases = {   # name: (args, extra env, exit status, words the line must hold)
+      "a web root that does not exist": (
+          run + ["--config=clip:model=micro,data=web:/nonexistent", f"--workdir={tmp_path}/w1"], None, 3,
+          ("/nonexistent", "no WebDataset shards")),
+      "a batch the devices do not divide": (
+          run + ["--config=clip:model=micro,batch=100", f"--workdir={tmp_path}/w2"], None, 6,
+          ("100", "8 devices", "multiple of 8")),
+      "a model size that does not exist": (
+          run + ["--config=clip:model=nano", f"--workdir={tmp_path}/w3"], None, 2, ("'nano'", "known sizes")),
+      "a table dataset not built": (
+          run + ["--config=clip:model=micro,data=tfds:web_pairs/custom_table", f"--config.input.data_dir={empty}",
+                 f"--workdir={tmp_path}/w4"], None, 3, ("not built", "python -m ncjax.data.build")),
+      "eval of a directory without checkpoints": (
+          ["eval", f"--checkpoints={empty}"], None, 4, (str(empty), "holds no checkpoint")),
+      "audit of a directory without checkpoints": (
+          ["audit", f"--checkpoint={empty}", f"--output={tmp_path}/audit"], None, 4, ("holds no checkpoint",)),
+      "a resume whose noise differs": (
+          run + ["--config=clip:model=micro,batch=64,noise=0.2", "--config.total_steps=2", "--config.evals={}",
+                 f"--workdir={trained}"], None, 4, ("cannot resume", "noisy pairs", "new --workdir")),
+      "NCU without a model to start from": (
+          run + ["--config=ncu:model=micro", f"--workdir={tmp_path}/w5"], None, 2, ("'ncu'", "init=", "init=random")),
+      "a misspelt config key": (
+          run + ["--config=clip:model=micro", "--config.optim.lrr=1", f"--workdir={tmp_path}/w6"], None, 2,
+          ("optim.lrr", "optim.lr")),
+      "a config that does not exist": (
+          run + ["--config=nosuchmethod", f"--workdir={tmp_path}/w7"], None, 2, ("nosuchmethod",)),
+      "a workdir that cannot take files": (
+          run + ["--config=clip:model=micro", "--workdir=/proc/ncjax_run"], None, 5, ("/proc/ncjax_run",
+                                                                                     "not writable")),
+      "export without an output": (["export", f"--checkpoint={trained}"], None, 2, ("--output",)),
+      "a missing optional dependency": (
+          run + [f"--config=clip:model=micro,batch=32,data=web:{tmp_path}/web", "--config.input.web.decoder=simplejpeg",
+                 f"--workdir={tmp_path}/w8"], {"PYTHONPATH": f"{tmp_path / 'fake_simplejpeg'}{os.pathsep}{ROOT}"},
+          7, ("simplejpeg", "pip install")),
+  }
+  with cf.ThreadPoolExecutor(2) as pool:
+    results = dict(zip(cases, pool.map(lambda c: _cli(c[0], tmp_path, c[1]), cases.values())))
+  for name, (_, _, status, words) in cases.items():
+    try:
+      _assert_one_line(results[name], status, *words)
+    except AssertionError as e:
+      raise AssertionError(f"{name}: {e}") from None
+
+
+def test_verbose_adds_the_traceback_and_an_internal_error_keeps_its_own(tmp_path):
+  out = _cli(["train", "--config=clip:model=nano", f"--workdir={tmp_path}/w", "--verbose"], tmp_path)
+  assert out.returncode == 2 and "Traceback" in out.stderr
+  assert out.stderr.strip().splitlines()[-1].startswith("ncjax: error: unknown model size 'nano'")
+  plugin = tmp_path / "broken_plugin.py"
+  plugin.write_text("raise RuntimeError('a bug in ncjax or a plugin')\n")
+  out = _cli(["train", "--config=clip:model=micro", f"--workdir={tmp_path}/w", f"--plugins={plugin}"], tmp_path)
+  assert out.returncode == 1 and "Traceback" in out.stderr and "RuntimeError: a bug" in out.stderr
+  assert "ncjax: error:" not in out.stderr
+
+
+@pytest.mark.multiprocess
+def test_two_processes_that_find_the_same_mistake_print_it_once(tmp_path):
+  logs = str(tmp_path / "logs")
+  codes = multiprocess.run(["train", "--config=clip:model=micro,batch=100", "--config.log.progress=False",
+                            f"--workdir={tmp_path}/w"], processes=2, devices=4, log_dir=logs, timeout=300)
+  text = multiprocess.logs(logs, tail=None)
+  errors = [line for line in text.splitlines() if line.startswith("ncjax: error:")]
+  assert codes == [6, 6], text[-3000:]
+  assert len(errors) == 1 and "global batch size 100" in errors[0], text[-3000:]
+  assert "Traceback" not in text
