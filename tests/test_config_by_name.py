@@ -62,11 +62,11 @@ def test_cli_finds_configs_by_name_from_another_directory_and_errors_in_one_line
   # train, eval and ncbench load --config by name from a directory without configs/ (the command then stops at
   # its next missing flag: the config loaded)
   out = _cli("train", "--config=clip:model=small,noise=0.4", cwd=tmp_path)
-  assert out.returncode == 1 and "--workdir is required" in out.stderr, out.stderr[-2000:]
+  assert out.returncode == 2 and out.stderr.strip() == "ncjax: error: --workdir is required", out.stderr[-2000:]
   out = _cli("ncbench", "--config=ncbench:noise=0.2+0.4,seeds=1", cwd=tmp_path)
-  assert out.returncode == 1 and "--workdir is required" in out.stderr, out.stderr[-2000:]
+  assert out.returncode == 2 and out.stderr.strip() == "ncjax: error: --workdir is required", out.stderr[-2000:]
   out = _cli("eval", "--config=configs/clip.py:model=micro", cwd=tmp_path)
-  assert "eval needs --checkpoints" in out.stderr, out.stderr[-2000:]
+  assert out.returncode == 2 and "ncjax: error: eval needs --checkpoints" in out.stderr, out.stderr[-2000:]
   # a misspelt override: one line naming the key and the closest known ones (was a 40-line traceback)
   out = _cli("train", "--config=clip", "--config.optim.lrr=4", "--workdir=x", cwd=tmp_path)
   assert out.returncode == 2

@@ -28,7 +28,7 @@ def _trainer(name, geometry, tmp_path):
   config_name, arg = METHOD_CONFIGS[name]
   concept = {"concept.classes": ("three",)} if name in ("ac", "hac") else {}   # region data has no classes
   cfg = make_config(config_name, ",".join(x for x in (arg, "batch=32") if x), total_steps=1,
-                    **{"model.geometry": geometry, "method.init_from": ""}, **concept)
+                    **{"model.geometry": geometry, "method.init_from": "random"}, **concept)
   return train.Trainer(cfg, str(tmp_path))
 
 

@@ -99,7 +99,7 @@ def test_an_object_store_dying_during_a_save_keeps_the_last_checkpoint_and_ends_
     code = procs[0].wait(timeout=600)
     text = multiprocess.logs(logs, tail=None)
     errors = [line for line in text.splitlines() if line.startswith("ncjax: error:")]
-    assert code == 2 and len(errors) == 1, text[-4000:]
+    assert code == 5 and len(errors) == 1, text[-4000:]   # storage (ncjax.errors)
     assert "gs://" in errors[0] and ("unreachable" in errors[0] or "not writable" in errors[0]), errors[0]
     assert "Traceback" not in text.split(errors[0])[-1]  # nothing after the line
     server.restart()                                     # back, with what it had stored

@@ -112,7 +112,7 @@ def test_a_shard_replaced_or_deleted_in_the_bucket_after_the_build_is_one_clear_
                           f"batch=32", f"--config.input.web.cache_dir={cache}", f"--workdir={tmp_path / 'run'}",
                           "--config.log.progress=False"], cwd=ROOT, env=multiprocess.env(server.env),
                          capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2, out.stderr[-3000:]
+    assert out.returncode == 3, out.stderr[-3000:]   # data (ncjax.errors)
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("ncjax: error: ") and "00002.tar" in last and "Traceback" not in out.stderr
 
@@ -145,7 +145,7 @@ def test_a_store_that_stays_dead_stops_the_run_within_its_deadline_and_the_relau
     waited = time.time() - t_dead
     text = multiprocess.logs(logs, tail=None)
     errors = [line for line in text.splitlines() if line.startswith("ncjax: error:")]
-    assert code == 2 and len(errors) == 1, text[-4000:]
+    assert code == 5 and len(errors) == 1, text[-4000:]   # storage (ncjax.errors)
     assert "the store did not answer" in errors[0] and "relaunch the same command" in errors[0], errors[0]
     assert "Traceback" not in text.split(errors[0])[-1]
     # the deadline (5 s) plus gcsfs's own retries of the request in flight (~35 s), not minutes more
