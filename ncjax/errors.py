@@ -10,6 +10,7 @@ NCJAX_DEBUG=1). Errors of ncjax itself (a bug) keep their traceback and exit sta
 | 5 | storage | a workdir that cannot take files, a full disk, an object store that stopped answering |
 | 6 | devices and processes | a global batch not divisible by the devices or processes |
 | 7 | a missing optional dependency | `pip install 'ncjax[web]'` |
+| 8 | the run diverged | a non-finite loss (the step and the example ids of its batch are named) |
 | 75 | preempted (not an error): the checkpoint is saved, relaunch to resume | SIGTERM |
 
 On several processes the message is printed once: by process 0 for what every process finds the same way (the
@@ -70,6 +71,11 @@ class TopologyError(UserError, ValueError):
 class MissingDependency(UserError, ImportError):
   """An optional package the asked-for feature needs (status 7)."""
   status = 7
+
+
+class DivergedError(UserError, FloatingPointError):
+  """The run's loss went non-finite (status 8): a learning rate too high for the model, or pairs to look at."""
+  status = 8
 
 
 PREEMPTED_STATUS = 75

@@ -431,8 +431,9 @@ class Trainer:
     losses = {k: v for k, v in host.items() if k == "loss" or k.endswith("/loss")}
     if not all(math.isfinite(v) for v in losses.values()):
       bad = losses
-      raise FloatingPointError(f"non-finite loss at step {done - 1} ({bad}); example ids of that global batch: "
-                               f"{np.sort(ids).tolist()}")
+      raise errors.DivergedError(f"non-finite loss at step {done - 1} ({bad}): lower the learning rate "
+                                 f"(optim.lr) or look at the pairs of that global batch, example ids "
+                                 f"{np.sort(ids).tolist()}")
     progress.update(done, host)
     if done % self.config.log.every_steps == 0 or final:
       t0, n0 = since

@@ -106,7 +106,9 @@ def read_torch(path: str) -> dict:
     else:
       obj = torch.load(path, map_location="cpu", weights_only=True)
   except Exception as e:  # truncated zip, pickle errors, ...
-    raise CheckpointFormatError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from None
+    first = str(e).split(". ")[0].splitlines()[0][:160] if str(e) else ""   # torch's reasons run to a paragraph
+    raise CheckpointFormatError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {first}): a "
+                                f"truncated or corrupt download, or not a PyTorch file") from None
   if isinstance(obj, dict):
     for key in ("state_dict", "model", "module"):
       if key in obj and isinstance(obj[key], dict):

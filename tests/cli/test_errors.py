@@ -52,6 +52,9 @@ def test_bad_inputs_end_in_one_clear_line_with_the_exit_status_of_their_kind(tmp
   fake.mkdir(parents=True)
   (fake / "__init__.py").write_text("raise ImportError('No module named simplejpeg')\n")   # as if not installed
   (tmp_path / "web").mkdir()
+  import numpy as np
+  np.save(tmp_path / "short_noise.npy", np.arange(7))
+  (tmp_path / "garbage.pt").write_bytes(bytes(range(256)) * 3)
   from ncjax.data import web_synthetic
   web_synthetic.write_img2dataset(str(tmp_path / "web"), 64, per_shard=32, image_size=8, pool=2)
   run = ["train", "--cpu_devices=8"]
@@ -85,6 +88,16 @@ def test_bad_inputs_end_in_one_clear_line_with_the_exit_status_of_their_kind(tmp
           run + ["--config=clip:model=micro", "--workdir=/proc/ncjax_run"], None, 5, ("/proc/ncjax_run",
                                                                                      "not writable")),
       "export without an output": (["export", f"--checkpoint={trained}"], None, 2, ("--output",)),
+      "a noise file of the wrong length": (
+          run + ["--config=clip:model=micro", "--config.noise.kind=file", f"--config.noise.file={tmp_path}/short_noise.npy",
+                 f"--workdir={tmp_path}/w9"], None, 2, ("short_noise.npy", "shape (7,)")),
+      "a pretrained file that is not one": (
+          run + [f"--config=clip:init=openai:{tmp_path}/garbage.pt", f"--workdir={tmp_path}/w10"], None, 4,
+          ("garbage.pt", "not a readable PyTorch checkpoint")),
+      "a learning rate that makes the loss non-finite": (
+          run + ["--config=clip:model=micro,batch=64", "--config.optim.lr=1e30", "--config.total_steps=3",
+                 "--config.evals={}", "--config.log.progress=False", f"--workdir={tmp_path}/w11"], None, 8,
+          ("non-finite loss", "optim.lr", "example ids")),
       "a missing optional dependency": (
           run + [f"--config=clip:model=micro,batch=32,data=web:{tmp_path}/web", "--config.input.web.decoder=simplejpeg",
                  f"--workdir={tmp_path}/w8"], {"PYTHONPATH": f"{tmp_path / 'fake_simplejpeg'}{os.pathsep}{ROOT}"},
