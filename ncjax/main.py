@@ -314,7 +314,8 @@ def audit_command(config):
   """Score every pair of a dataset with a run or a pretrained model; write DIR/audit.csv, plots and index.html."""
   from ncjax import audit
   if not _OUTPUT.value or bool(_CHECKPOINT.value) == bool(_INIT.value):
-    raise errors.ConfigurationError("audit needs --output=DIR and --checkpoint=WORKDIR[:STEP] or --init=SPEC (with --config)")
+    raise errors.ConfigurationError("audit needs --output=DIR and --checkpoint=WORKDIR[:STEP] or --init=SPEC "
+                                    "(with --config)")
   workdir, step = _split_checkpoint(_CHECKPOINT.value) if _CHECKPOINT.value else ("", None)
   return audit.run(_OUTPUT.value, top=_TOP.value, checkpoint=workdir, step=step, init=_INIT.value or "",
                    config=config, dataset=_DATASET.value, split=_SPLIT.value, data_dir=_DATA_DIR.value,

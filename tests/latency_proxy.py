@@ -4,8 +4,8 @@ ranged GET takes tens of milliseconds (../shared/reference/pods.md §7).
 
 A request is the first bytes a client sends after the server last answered on that connection (HTTP/1.1 keeps
 connections alive: one connection carries many requests). Those bytes wait `latency` seconds, then everything flows
-through unchanged, so every request — a ranged GET, a listing page, an upload — costs at least `latency` more than it
-did. Connections are independent: requests in flight on N connections overlap, as they do against a real store.
+through unchanged, so every request — a ranged GET, a listing page, an upload — costs at least `latency` more than
+it did. Connections are independent: requests in flight on N connections overlap, as they do against a real store.
 
 The proxy runs in its own process (its event loop competes with nothing in the process being measured):
 

@@ -19,6 +19,10 @@ def main(process_id: int, num_processes: int, port: int, workdir: str, out: str,
   assert jax.process_count() == num_processes and len(jax.devices()) == devices * num_processes
   cfg = tiny_clip_config(total_steps=steps)
   result = train.train(cfg, workdir)
+  data = result.experiment.train_data
+  # what this process fed each step: its part of the global batch (the test checks the parts against 1 process)
+  np.save(f"{out}.process{jax.process_index()}.npy",
+          np.stack([np.asarray(data.local_indices(s)) for s in range(steps)]))
   flat = {"/".join(str(k.key) for k in path): leaf
           for path, leaf in jax.tree_util.tree_flatten_with_path(result.params)[0]}
   gathered = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True)) for k, v in flat.items()}

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from helpers import ROOT
 
@@ -29,19 +30,24 @@ def test_a_plugin_method_trains_through_the_cli_with_periodic_and_final_evaluati
   assert sorted(periodic) == [2, 4]
   # The periodic evaluation at step 4 and the final one score the same state through the same path.
   assert periodic[4] == final["results"]["noise_detection"]["auc"]
-  # ... and both are the AUC of the method's own clean score (minus each pair's last hinge), recomputed here from
-  # the scores the evaluator saved beside its plot and from the ground-truth noise.
+  # ... and both are the AUC of the method's own clean score: minus each pair's last hinge, as the run's checkpoint
+  # holds it in the plugin's per-sample state (read here from the checkpoint, not from the evaluator's output), by
+  # scikit-learn against the ground-truth noise.
   saved = np.load(tmp_path / "eval" / "step_4_clean_scores.npz")
   assert str(saved["method"]) == "toy_hinge"
-  from ncjax.evals.noise import roc_auc
+  from sklearn.metrics import roc_auc_score
   from helpers import load_config
+  from ncjax import checkpoint as ckpt_lib
   from ncjax.data import digits, noise
   cfg = load_config("clip", "noise=0.4")
   split = digits.load("train")
   clean = noise.make_noisy_index(split.caption_to_image, cfg.noise.ratio, cfg.noise.seed).clean
+  state, _, step = ckpt_lib.restore_state_on_host(str(tmp_path))
+  hinge = np.asarray(state["method_state"]["hinge"])[:len(clean)]
+  assert step == 4 and np.count_nonzero(hinge) > 0   # the pairs seen in 4 steps have a hinge, the others 0
+  np.testing.assert_array_equal(saved["scores"], -hinge)
   np.testing.assert_array_equal(saved["clean"], clean)
-  assert final["results"]["noise_detection"]["auc"] == roc_auc(saved["scores"], clean)
-  assert np.count_nonzero(saved["scores"]) > 0   # minus the hinge of the pairs seen in 4 steps, 0 for the others
+  assert final["results"]["noise_detection"]["auc"] == pytest.approx(roc_auc_score(clean, -hinge), abs=1e-9)
 
 
 def test_a_plugin_method_is_an_nc_bench_row(tmp_path):

@@ -89,8 +89,9 @@ def test_bad_inputs_end_in_one_clear_line_with_the_exit_status_of_their_kind(tmp
                                                                                      "not writable")),
       "export without an output": (["export", f"--checkpoint={trained}"], None, 2, ("--output",)),
       "a noise file of the wrong length": (
-          run + ["--config=clip:model=micro", "--config.noise.kind=file", f"--config.noise.file={tmp_path}/short_noise.npy",
-                 f"--workdir={tmp_path}/w9"], None, 2, ("short_noise.npy", "shape (7,)")),
+          run + ["--config=clip:model=micro", "--config.noise.kind=file",
+                 f"--config.noise.file={tmp_path}/short_noise.npy", f"--workdir={tmp_path}/w9"], None, 2,
+          ("short_noise.npy", "shape (7,)")),
       "a pretrained file that is not one": (
           run + [f"--config=clip:init=openai:{tmp_path}/garbage.pt", f"--workdir={tmp_path}/w10"], None, 4,
           ("garbage.pt", "not a readable PyTorch checkpoint")),

@@ -35,9 +35,11 @@ def _data(root):
   (root / "table" / "pairs.csv").write_text("\n".join(lines) + "\n")
 
 
-def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, built):
+def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, built, monkeypatch):
   run = tmp_path / "run"
-  train.train(tiny_clip_config(total_steps=2, **{"ckpt.every_steps": 1}), str(run))
+  # 20 steps: a model whose zero-shot predictions depend on the prompts (after 2 steps every class prompt picked the
+  # same class, whatever the names and templates)
+  train.train(tiny_clip_config(total_steps=20, **{"ckpt.every_steps": 10}), str(run))
   _data(tmp_path)
   out = tmp_path / "out"
   folder, table = tmp_path / "folder", tmp_path / "table" / "pairs.csv"
@@ -49,18 +51,18 @@ def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, bu
                        timeout=600, env=env)
   assert res.returncode == 0, res.stderr[-3000:]
   files = {"image_folder_folder_val.json", "table_pairs.csv_test.json", "digits_test.json", "flickr30k_test.json"}
-  for step in (1, 2):   # one JSON per (checkpoint, dataset)
+  for step in (10, 20):   # one JSON per (checkpoint, dataset)
     assert set(os.listdir(out / f"run_step{step}")) == files
-  record = json.loads((out / "run_step2" / "table_pairs.csv_test.json").read_text())
-  assert record["step"] == 2 and record["workdir"] == str(run) and set(record["tasks"]) == {"retrieval"}
+  record = json.loads((out / "run_step20" / "table_pairs.csv_test.json").read_text())
+  assert record["step"] == 20 and record["workdir"] == str(run) and set(record["tasks"]) == {"retrieval"}
   assert record["records"][0]["task"] == "zeroshot_retrieval" and "image_retrieval_recall@5" in \
       record["records"][0]["metrics"]   # CLIP_benchmark's keys
-  karpathy = json.loads((out / "run_step1" / "flickr30k_test.json").read_text())   # built Karpathy split, by alias
+  karpathy = json.loads((out / "run_step10" / "flickr30k_test.json").read_text())   # built Karpathy split, by alias
   assert karpathy["resolved_dataset"] == "tfds:karpathy/flickr30k" and "rsum" in karpathy["tasks"]["retrieval"]
-  folder_zs = json.loads((out / "run_step2" / "image_folder_folder_val.json").read_text())["tasks"]["zeroshot"]
+  folder_zs = json.loads((out / "run_step20" / "image_folder_folder_val.json").read_text())["tasks"]["zeroshot"]
   assert {"acc1", "acc5", "mean_per_class_recall"} <= set(folder_zs)
   summary = (out / "summary.md").read_text().splitlines()
-  assert len(summary) == 4 and summary[2].startswith("| run_step1 ") and "digits@test zeroshot acc1" in summary[0]
+  assert len(summary) == 4 and summary[2].startswith("| run_step10 ") and "digits@test zeroshot acc1" in summary[0]
   assert (out / "summary.csv").read_text().count("\n") == 9 and (out / "summary.png").stat().st_size > 10_000
 
   # a suite file: the folder again, now with the user's class names and templates and a linear probe; with
@@ -71,14 +73,60 @@ def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, bu
       dataset=f"image_folder:{folder}", split="val", tasks=["zeroshot", "linear_probe"], train_split="val",
       classnames=str(tmp_path / "names.txt"), templates=str(tmp_path / "templates.txt"))]))
   entries = eval_suite.load_suite_file(str(tmp_path / "suite.json"))
-  models = eval_suite.models_of([(str(run), 2)], None)
+  models = eval_suite.models_of([(str(run), 20)], None)
   rows = eval_suite.run_suite(entries, models, str(out), skip_existing=True, workers=2)
-  kept = json.loads((out / "run_step2" / "image_folder_folder_val.json").read_text())
+  kept = json.loads((out / "run_step20" / "image_folder_folder_val.json").read_text())
   assert kept["tasks"]["zeroshot"] == folder_zs and 0 <= kept["tasks"]["linear_probe"]["lp_acc1"] <= 1
-  assert {(r["task"], r["model"]) for r in rows} == {("zeroshot", "run_step2"), ("linear_probe", "run_step2")}
+  assert {(r["task"], r["model"]) for r in rows} == {("zeroshot", "run_step20"), ("linear_probe", "run_step20")}
   # everything done: the checkpoint is not restored again
   again = eval_suite.run_suite(entries, models, str(out), skip_existing=True)
   assert [r["main"] for r in again] == [r["main"] for r in rows]
+  # without skip_existing the user's class names and templates make the classifier: the prompts the text tower
+  # encodes are exactly `template.format(name)` of the user's files, and the accuracies are those recomputed here
+  # from the checkpoint's own embeddings with those names and templates (top-5 too: this 20-step model puts every
+  # folder image in one class, so top-1 alone cannot tell prompt sets apart; top-5 can, checked on the folder's own
+  # names with CLIP's templates)
+  from ncjax.tokenizers import WordTokenizer
+  encoded, original = [], WordTokenizer.encode
+
+  def recording(self, texts, *args, **kwargs):
+    encoded.extend(texts)
+    return original(self, texts, *args, **kwargs)
+
+  monkeypatch.setattr(WordTokenizer, "encode", recording)
+  user = eval_suite.run_suite(entries[:1], models, str(tmp_path / "out_user"), workers=2)
+  names = tuple(f"digit {n}" for n in digits.CLASS_NAMES)
+  templates = ("a photo of the number {}.", "the digit {}.")
+  prompts = [t.format(c) for c in names for t in templates]
+  assert [p for p in encoded if p.startswith(("a photo of the number digit", "the digit digit"))] == prompts
+  zs = json.loads((tmp_path / "out_user" / "run_step20" / "image_folder_folder_val.json").read_text())
+  got = zs["tasks"]["zeroshot"]
+  mine = _zero_shot(run, folder, names, templates)
+  theirs = _zero_shot(run, folder, tuple(digits.CLASS_NAMES), None)
+  assert mine != theirs, (mine, theirs)
+  assert (got["acc1"], got["acc5"], got["mean_per_class_recall"]) == pytest.approx(mine, abs=1e-6), (got, mine)
+  assert {r["task"] for r in user} == {"zeroshot", "linear_probe"}
+
+
+def _zero_shot(run, folder, class_names, templates):
+  """(top-1 accuracy, top-5 accuracy, mean per-class recall) of checkpoint 20 of `run` on the folder's val images,
+  recomputed:
+  tests/recompute.py's prompt ensemble over `templates` (None: CLIP's 80 ImageNet templates, what an image folder
+  gets by default)."""
+  import ml_collections
+  import recompute
+  from ncjax.evals import zeroshot
+  em, img, _, split, tokenizer, _ = recompute.checkpoint_embeddings(
+      str(run), 20, ml_collections.ConfigDict(dict(dataset=f"image_folder:{folder}", data_dir="")), "val")
+  templates = templates or zeroshot.templates_for("imagenet80")
+  weights = recompute.zero_shot_weights(em, tokenizer, class_names, templates)
+  logits = img @ weights.T
+  pred = np.argmax(logits, axis=1)
+  labels = np.asarray(split.image_labels)
+  top5 = np.argsort(-logits, axis=1)[:, :5]
+  recalls = [float(np.mean(pred[labels == c] == c)) for c in np.unique(labels)]
+  return (float(np.mean(pred == labels)), float(np.mean([y in t for y, t in zip(labels, top5)])),
+          float(np.mean(recalls)))
 
 
 def test_user_class_names_and_templates_reach_the_classifier(tmp_path):

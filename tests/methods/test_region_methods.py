@@ -118,3 +118,25 @@ def test_ncr_vocabulary_file_is_kept_by_the_build_and_used_by_the_word_tokenizer
   tok = build_experiment(cfg).tokenizer
   assert tok.vocab[4:] == ["a", "near", "dog", "cat", "and"]
   assert tok.encode(["a dog near a horse"])[0][:7].tolist() == [2, 4, 6, 5, 4, 1, 3]   # horse: <unk>
+
+
+@pytest.mark.parametrize("config", ["sgraf", "gsc_sgraf"])
+def test_the_pooling_dropout_draws_from_the_steps_key_in_training(config):
+  """SGRAF's self-attention pooling dropout (model.region.pool_dropout, its code's 0.4) is on in training: the same
+  parameters and batch give another loss under another step key, and the same loss under the same key; with the
+  dropout at 0 the key changes nothing (the word dropout off in both, so that only the pooling's can differ)."""
+  from ncjax.contract import strip_diagnostics
+  from ncjax.experiment import build_experiment
+  name, arg = ("sgraf", "batch=16") if config == "sgraf" else ("gsc", "backbone=sgraf,batch=16")
+  losses = {}
+  for rate in (0.4, 0.0):
+    cfg = make_config(name, arg, **TINY, **{"model.region.pool_dropout": rate, "model.region.word_dropout": 0.0})
+    exp = build_experiment(cfg)
+    params, state = exp.method.init_params(), exp.method.init_state(exp.train_data.num_examples)
+    batch = strip_diagnostics(exp.train_data.global_batch(0)[0])
+    loss_fn = exp.method.stages()[-1].updates[0].loss_fn
+    fn = jax.jit(lambda p, s, b, k: loss_fn(p, s, b, k)[0])
+    losses[rate] = [float(fn(params, state, batch, jax.random.PRNGKey(k))) for k in (0, 1, 0)]
+  (a, b, again), (c, d, _) = losses[0.4], losses[0.0]
+  assert a == again and a != b, losses[0.4]
+  assert c == d, losses[0.0]

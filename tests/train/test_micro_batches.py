@@ -66,7 +66,8 @@ def test_micro_batches_compose_with_fsdp_remat_bf16_and_chunked_losses():
   _close(_params("clip", arg, 1, **bf16), _params("clip", arg, 4, **bf16), tol=2e-3)
 
 
-def _all_gathers(k):
+def _compiled_step(k):
+  """The compiled train step (one device's program after SPMD partitioning) of CLIP at batch 64 on 8 devices."""
   cfg = make_config("clip", "noise=0.4,batch=64,epochs=1", total_steps=1, **{"optim.micro_batches": k})
   with tempfile.TemporaryDirectory() as workdir:
     trainer = train.Trainer(cfg, workdir)
@@ -74,23 +75,69 @@ def _all_gathers(k):
     state, prog = trainer.init_state(span), trainer.program(span)
     batch, _ = trainer.exp.train_data.global_batch(0)
     with jax.set_mesh(trainer.exp.mesh):
-      hlo = prog.step.lower(state, batch).compile().as_text()
+      return prog.step.lower(state, batch).compile().as_text()
+
+
+def _all_gathers(hlo):
   return sorted(re.findall(r"= (\w+\[[\d,]*\])\S* all-gather", hlo))
 
 
-def test_micro_batches_stay_on_their_devices():
-  """No all-gather of the image or token batch: the compiled step gathers what K = 1's gathers (the embeddings the
-  global-batch loss needs, and a few vectors), nothing more."""
-  one, two = _all_gathers(1), _all_gathers(2)
-  assert one == two and not any(s.startswith("f32[64,16,16") or s.startswith("s32[64,16") for s in two), two
+def _patch_embeddings(hlo):
+  """The shapes the image tower's patch embedding (a convolution to 64 channels of 4 x 4 patches) produces."""
+  return set(re.findall(r"= (f32\[\d+,4,4,64\])\S* convolution\(", hlo))
+
+
+def test_micro_batches_run_in_k_pieces_and_stay_on_their_devices():
+  """With K = 4 the compiled step encodes each device's 8 images as 4 micro-batches of 2 (the patch embedding's
+  activations are 2 images deep, inside a loop of 4 trips; with K = 1 they are 8 deep) — the program really runs K
+  pieces, not the whole batch at once. And no all-gather of the image or token batch: the step gathers what K = 1's
+  gathers (the embeddings the global-batch loss needs, and a few vectors), nothing more."""
+  one, four = _compiled_step(1), _compiled_step(4)
+  assert "f32[8,4,4,64]" in _patch_embeddings(one) and "f32[2,4,4,64]" not in _patch_embeddings(one)
+  assert _patch_embeddings(four) == {"f32[2,4,4,64]"}, _patch_embeddings(four)
+  assert '"known_trip_count":{"n":"4"}' in four
+  gathered = _all_gathers(four)
+  assert _all_gathers(one) == gathered
+  assert not any(s.startswith("f32[64,16,16") or s.startswith("s32[64,16") for s in gathered), gathered
 
 
 def test_a_micro_batched_run_resumes_bitwise(tmp_path):
+  """Stopped after step 1 (--until_step) and resumed: bitwise the uninterrupted run (a SIGKILL mid-run: below)."""
   cfg = make_config("clip", "noise=0.4,batch=64,epochs=1", total_steps=3, **{"optim.micro_batches": 2})
   whole = train.train(cfg, str(tmp_path / "whole"))
   train.train(cfg, str(tmp_path / "resumed"), until=1)
   resumed = train.train(cfg, str(tmp_path / "resumed"))
   assert_trees_equal(whole.state, resumed.state)
+
+
+@pytest.mark.slow
+def test_a_micro_batched_run_sigkilled_mid_run_resumes_bitwise(tmp_path):
+  """`ncjax train` with K = 2, a checkpoint every step, killed with SIGKILL once step 2's checkpoint exists (the
+  process gets no chance to save or clean up), relaunched: it ends bitwise where the uninterrupted run ends."""
+  import os
+  import signal
+  import sys
+  import time
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  import multiprocess
+  from ncjax import checkpoint as ckpt_lib
+  args = ["train", "--config=clip:model=micro,noise=0.4,batch=64,epochs=1", "--config.total_steps=6",
+          "--config.optim.micro_batches=2", "--config.ckpt.every_steps=1", "--config.log.progress=False",
+          "--config.evals={}"]
+  whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
+  assert multiprocess.run(args + [f"--workdir={whole}"], processes=1, devices=8, log_dir=whole + "_logs") == [0]
+  procs = multiprocess.start(args + [f"--workdir={killed}"], processes=1, devices=8, log_dir=killed + "_logs")
+  ckpts, t0 = os.path.join(killed, "checkpoints"), time.time()
+  while not (os.path.isdir(ckpts) and any(n.isdigit() and int(n) >= 2 for n in os.listdir(ckpts))):
+    assert procs[0].poll() is None and time.time() - t0 < 300, multiprocess.logs(killed + "_logs")
+    time.sleep(0.02)
+  os.kill(procs[0].pid, signal.SIGKILL)
+  procs[0].wait()
+  assert max(int(n) for n in os.listdir(ckpts) if n.isdigit()) < 6
+  assert multiprocess.run(args + [f"--workdir={killed}"], processes=1, devices=8, log_dir=killed + "_logs") == [0]
+  a, b = ckpt_lib.restore_state_on_host(whole), ckpt_lib.restore_state_on_host(killed)
+  assert a[2] == b[2] == 6
+  assert_trees_equal(a[0], b[0])
 
 
 def test_micro_batches_that_do_not_divide_the_per_device_batch_or_a_region_model_are_refused(tmp_path):

@@ -31,6 +31,7 @@ def _train_2x4_then_evaluate_1x8(tmp_path, config: str, extra=()):
   evaluated = {}
   for processes, devices in ((2, 4), (1, 8)):
     logs = str(tmp_path / f"eval_logs_{processes}")
+    (workdir / "eval" / final_json).unlink()   # what is compared next is what this eval wrote, not an older file
     codes = multiprocess.run(["eval", f"--checkpoints={workdir}:latest"], processes=processes,
                              devices=devices, log_dir=logs)
     assert set(codes) == {0}, multiprocess.logs(logs)

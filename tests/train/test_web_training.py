@@ -7,7 +7,7 @@ import pytest
 
 from helpers import tiny_clip_config
 from ncjax import train
-from ncjax.data import web, web_index, web_synthetic
+from ncjax.data import web, web_decode, web_index, web_synthetic
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +48,24 @@ def test_indexed_web_training_with_on_demand_noise_and_a_resampled_mixture(webda
   data = result.experiment.train_data
   assert data.mode == "index" and data.noise is not None and result.experiment.noisy is None
   assert 250 <= (~data.noise.clean(np.arange(640))).sum() <= 256     # floor(0.4 * 640) chosen, a few keep theirs
+  ds = data.datasets[0]
+  shown_noisy = 0
   for s in range(4):   # what the loss saw: each caption with the noise's image, flagged (diagnostics only)
     batch = data.host_batch(s)
-    np.testing.assert_array_equal(batch["clean"], data.noise.clean(batch["id"]))
+    partners = data.noise.image_of(batch["id"])
+    np.testing.assert_array_equal(batch["clean"], partners == batch["id"])
+    drawn = data.indices(s)
+    for k, (gid, partner) in enumerate(zip(batch["id"], partners)):
+      own, shown = ds.read(int(gid)), ds.read(int(partner))
+      if gid != drawn[k] or own.bad or shown.bad:
+        continue   # a bad record's slot repeats the next usable pair (the corrupt image of pair 7)
+      # the partner's image bytes (read here by id), made with this position's crop, and the pair's own caption
+      spec = web_decode.ExampleSpec(int(gid), own.caption, shown.image, (cfg.input.shuffle_seed, s, k))
+      image, tokens = web_decode.make_example(spec, data.settings, data.tokenizer)
+      np.testing.assert_array_equal(batch["image"][k], image)
+      np.testing.assert_array_equal(batch["tokens"][k], tokens)
+      shown_noisy += partner != gid
+  assert shown_noisy >= 20
   mixed = _config(f"web:{webdata[0]}::{webdata[1]}", **{"input.web.weights": "1::3", "input.web.mode": "stream",
                                                           "input.web.resample": True, "input.web.mix_block": 32})
   result = train.train(mixed, str(tmp_path / "mix"))
