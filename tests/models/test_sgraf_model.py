@@ -173,21 +173,25 @@ def test_gsc_structures_equal_a_restatement_of_the_public_forward_topology():
   words = _np_l2norm(rng.normal(size=(5, 6, 8))) * mask[..., None]     # the bi-GRU's zeros beyond each length
   regions = _np_l2norm(rng.normal(size=(4, 7, 8)))
   w32, m32, r32 = jnp.asarray(words, jnp.float32), jnp.asarray(mask), jnp.asarray(regions, jnp.float32)
-  t_glo = np.asarray(head.t_pool(w32, m32), np.float64)
-  v_glo = np.asarray(head.v_pool(r32, jnp.ones(r32.shape[:-1], bool)), np.float64)
+  graphdef, state = nnx.split(head)
+
+  @jax.jit   # one program (eagerly, every small op compiled on its own took ~20 s)
+  def ncjax_side(state, w, m, r):
+    h = nnx.merge(graphdef, state)
+    return (h.t_pool(w, m), h.v_pool(r, jnp.ones(r.shape[:-1], bool)), h.intra_text(w, m, form="attention"),
+            h.intra_image(r), h.intra_text(w, m, form="aligned"))
+
+  t_glo, v_glo, attention, image, aligned = [np.asarray(x, np.float64) for x in ncjax_side(state, w32, m32, r32)]
   sigmoid = lambda x: 1.0 / (1.0 + np.exp(-x))
   expected = sigmoid(_np_caption_structure(head, words, lens, t_glo))
-  got = np.asarray(head.intra_text(w32, m32, form="attention"), np.float64)
+  got = attention
   assert np.abs(expected - expected.T).max() > 1e-3                  # the orientation matters
   # float32 against float64: within 1e-5 (measured 2.6e-6, on the diagonal, where a caption meets itself and l2norm
   # magnifies differences near zero)
   np.testing.assert_allclose(got, expected, atol=1e-5)
-  np.testing.assert_allclose(np.asarray(head.intra_image(r32), np.float64),
-                             sigmoid(_np_image_structure(head, regions, v_glo)), atol=1e-5)
-  np.testing.assert_allclose(np.asarray(head.intra_text(w32, m32, form="aligned"), np.float64),
-                             sigmoid(_np_aligned_caption_structure(head, words, lens, t_glo)), atol=1e-5)
+  np.testing.assert_allclose(image, sigmoid(_np_image_structure(head, regions, v_glo)), atol=1e-5)
+  np.testing.assert_allclose(aligned, sigmoid(_np_aligned_caption_structure(head, words, lens, t_glo)), atol=1e-5)
   # a fixed context length longer than the batch's longest caption changes nothing (GSC+ pads to the longest)
   wide = jnp.concatenate([w32, jnp.zeros((5, 4, 8), jnp.float32)], axis=1)
   wide_mask = jnp.concatenate([m32, jnp.zeros((5, 4), bool)], axis=1)
-  np.testing.assert_allclose(np.asarray(head.intra_text(wide, wide_mask, form="aligned")),
-                             np.asarray(head.intra_text(w32, m32, form="aligned")), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(ncjax_side(state, wide, wide_mask, r32)[4]), aligned, atol=1e-6)
