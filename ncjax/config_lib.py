@@ -129,10 +129,12 @@ def base_config() -> ml_collections.ConfigDict:
       # feature size, word embedding, similarity head ('sgr' | 'saf'), its vector size, reasoning steps, SCAN's
       # attention smoothing, word dropout, and how many image-caption pairs the B x B similarity computes at once.
       # text_structure: GSC's caption-caption structure through the head ('attention': GSC's single-network code;
-      # 'aligned': GSC+'s); pool_dropout: the dropout in SGRAF's self-attention pooling (its code: 0.4).
+      # 'aligned': GSC+'s); pool_dropout: the dropout in SGRAF's self-attention pooling (its code: 0.4); init:
+      # 'public' (SGRAF's / GSC's code: xavier-uniform Linear weights with zero biases, torch's U(+-1/sqrt(H)) GRU)
+      # or 'flax' (flax's lecun-normal Linear weights, xavier / orthogonal GRU: ncjax's until 2026-11-25).
       region=ml_collections.ConfigDict(dict(feature_dim=2048, word_dim=300, sim_dim=256, head="sgr", steps=3,
                                             smooth=9.0, word_dropout=0.0, pairs_per_step=4096,
-                                            text_structure="attention", pool_dropout=0.0)),
+                                            text_structure="attention", pool_dropout=0.0, init="public")),
   ))
 
   c.loss = ml_collections.ConfigDict()  # loss hyper-parameters of the method (methods add keys)

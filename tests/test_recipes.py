@@ -74,18 +74,19 @@ def test_sgraf_paper_preset_has_its_dropout_and_the_pooling_dropout_is_applied()
 
 
 def test_disncl_warms_up_with_the_hinge_averaged_over_every_negative():
-  """The same group's public warm-up (NCR / MSCN) averages the hinge over all negatives; 'all' sums it ((B - 1)x
-  larger, which matters under gradient clipping at 2)."""
+  """The same group's public warm-up (NCR / MSCN) averages each anchor's hinge over the whole row, B columns with the
+  zeroed diagonal (tests/losses/test_disncl_loss.py restates it); 'all' sums it (B x larger, which matters under
+  gradient clipping at 2)."""
   assert load_config("disncl", "setting=paper").loss.warmup_negatives == "all_mean"
   assert load_config("disncl", "").loss.warmup_negatives == "all"
   from ncjax.losses import disncl
   s = jnp.asarray(np.random.default_rng(2).uniform(size=(6, 6)), jnp.float32)
   total, _ = disncl.align_loss(s, 0.2, negatives="all")
   mean, _ = disncl.align_loss(s, 0.2, negatives="all_mean")
-  np.testing.assert_allclose(mean, total / 5, rtol=1e-6)
+  np.testing.assert_allclose(mean, total / 6, rtol=1e-6)
   hinge = np.maximum(0.2 - np.diag(s)[:, None] + np.asarray(s), 0) + np.maximum(0.2 - np.diag(s)[None, :] + np.asarray(s), 0)
   np.fill_diagonal(hinge, 0)
-  np.testing.assert_allclose(mean, hinge.sum() / 5, rtol=1e-5)
+  np.testing.assert_allclose(mean, hinge.sum() / 6, rtol=1e-5)
 
 
 def test_meru_paper_preset_is_meru_s_public_recipe():

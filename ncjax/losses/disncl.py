@@ -80,8 +80,9 @@ def align_loss(similarity, margins, keep=None, *, reduction: str = "sum", negati
   reduction: 'sum' (VSE++ / SGRAF / NCR) or 'mean' over the kept pairs.
   negatives: 'hardest' (max violation, eq. 3 and SGRAF's max_violation=True), 'all' (every in-batch negative's
   hinge summed: VSE0 / SGRAF's max_violation=False, the stabler choice from a random initialisation) or 'all_mean'
-  (every negative's hinge averaged over the B - 1 negatives of each anchor: the warm-up of the same group's public
-  code, NCR / MSCN, (B - 1) times smaller than 'all').
+  (every negative's hinge averaged over the whole row — `cost.mean(1)` over all B columns, the zeroed diagonal
+  included, as the warm-up of the same group's public code, NCR / MSCN, computes it: B times smaller than 'all';
+  until 2026-11-25 ncjax divided by the B - 1 negatives).
   Returns (loss, metrics)."""
   s = f32(similarity)
   b = s.shape[0]
@@ -101,7 +102,7 @@ def align_loss(similarity, margins, keep=None, *, reduction: str = "sum", negati
   elif negatives == "all_mean":
     cost_caption = jnp.where(eye, 0.0, jax.nn.relu(alpha[:, None] - diag[:, None] + s))
     cost_image = jnp.where(eye, 0.0, jax.nn.relu(alpha[None, :] - diag[None, :] + s))
-    per_sample = (jnp.sum(cost_caption, axis=1) + jnp.sum(cost_image, axis=0)) / max(b - 1, 1)
+    per_sample = jnp.mean(cost_caption, axis=1) + jnp.mean(cost_image, axis=0)   # NCR: cost.mean(1), B columns
   else:
     raise ValueError(f"unknown negatives {negatives!r}; expected 'hardest', 'all' or 'all_mean'")
   keep = jnp.ones((b,), bool) if keep is None else keep

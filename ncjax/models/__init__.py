@@ -134,7 +134,8 @@ class ModelSpec:
       region = dict(feature_dim=int(r.feature_dim), embed_dim=int(towers["embed_dim"]), word_dim=int(r.word_dim),
                     sim_dim=int(r.sim_dim), head=r.head, steps=int(r.steps), smooth=float(r.smooth),
                     word_dropout=float(r.word_dropout), pairs_per_step=int(r.pairs_per_step),
-                    text_structure=str(r.text_structure), pool_dropout=float(r.pool_dropout))
+                    text_structure=str(r.text_structure), pool_dropout=float(r.pool_dropout),
+                    init=str(r.get("init", "public")))
     return cls(kind=kind, towers=towers, image_size=towers["image"]["image_size"],
                context_length=towers["text"]["context_length"], tokenizer_kind=_tokenizer_kind(cfg),
                region=region, **options)

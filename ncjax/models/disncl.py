@@ -61,13 +61,15 @@ class DisNCLModel(sgraf.RegionScoring, nnx.Module):
       raise ValueError(f"unknown method.critic_pool {critic_pool!r}; expected 'mean' or 'max'")
     self.critic_pool = critic_pool
     d, s = spec["embed_dim"], subspace_dim
-    self.img = sgraf.RegionEncoder(spec["feature_dim"], d, rngs=rngs)
+    init = spec.get("init", "public")
+    self.img = sgraf.RegionEncoder(spec["feature_dim"], d, init=init, rngs=rngs)
     self.txt = sgraf.GRUTextEncoder(vocab_size, spec["word_dim"], d, pad_id=pad_id,
-                                    word_dropout=spec["word_dropout"], rngs=rngs)
+                                    word_dropout=spec["word_dropout"], init=init, rngs=rngs)
     self.f_s, self.f_x = MLP(d, hidden, s, rngs=rngs), MLP(d, hidden, s, rngs=rngs)
     self.g_s, self.g_x = MLP(d, hidden, s, rngs=rngs), MLP(d, hidden, s, rngs=rngs)
     self.head = sgraf.SimilarityHead(s, spec["sim_dim"], kind=spec["head"], steps=spec["steps"],
-                                     smooth=spec["smooth"], pool_dropout=spec.get("pool_dropout", 0.0), rngs=rngs)
+                                     smooth=spec["smooth"], pool_dropout=spec.get("pool_dropout", 0.0), init=init,
+                                     rngs=rngs)
     self.pairs_per_step = spec["pairs_per_step"]
     # critics: (x, y) dims. Invariant / exclusive vectors are s-dimensional, F_v / F_t are d-dimensional.
     dims = dict(inv_v=(s, d), inv_t=(s, d), exc_v=(s, d), exc_t=(s, d),

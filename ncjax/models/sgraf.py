@@ -39,10 +39,26 @@ def l2norm(x, axis=-1, eps=1e-8):
   return x / (jnp.sqrt(jnp.maximum(jnp.sum(x * x, axis=axis, keepdims=True), 1e-30)) + eps)
 
 
+INITS = ("public", "flax")
+
+
+def _linear(in_dim: int, out_dim: int, init: str, rngs: nnx.Rngs) -> nnx.Linear:
+  """A Linear layer as `init` says: 'public' (SGRAF's / GSC's code: xavier-uniform weights, U(+-sqrt(6 / (in +
+  out))), and zero biases, every Linear of the model) or 'flax' (flax's defaults: lecun-normal weights, zero
+  biases)."""
+  if init == "public":
+    return nnx.Linear(in_dim, out_dim, kernel_init=nnx.initializers.xavier_uniform(),
+                      bias_init=nnx.initializers.zeros, rngs=rngs)
+  if init != "flax":
+    raise ValueError(f"unknown model.region.init {init!r}; expected one of {INITS}")
+  return nnx.Linear(in_dim, out_dim, rngs=rngs)
+
+
 class RegionEncoder(nnx.Module):
   """EncoderImagePrecomp: one linear map of every region feature, then L2 per region."""
 
-  def __init__(self, feature_dim: int, embed_dim: int, *, rngs: nnx.Rngs):
+  def __init__(self, feature_dim: int, embed_dim: int, *, init: str = "public", rngs: nnx.Rngs):
+    # xavier-uniform in both schemes (the public code's; ncjax's before the schemes were named)
     self.fc = nnx.Linear(feature_dim, embed_dim, kernel_init=nnx.initializers.xavier_uniform(), rngs=rngs)
     self.feature_dim = feature_dim
 
@@ -57,12 +73,22 @@ class BiGRU(nnx.Module):
   """A one-layer bidirectional GRU over right-padded sequences; the two directions are averaged (SGRAF's
   `use_bi_gru`). A masked step keeps the carry, so the backward direction starts at each sequence's last word."""
 
-  def __init__(self, in_dim: int, hidden: int, *, rngs: nnx.Rngs):
+  def __init__(self, in_dim: int, hidden: int, *, init: str = "public", rngs: nnx.Rngs):
+    """init 'public': torch's nn.GRU default, every weight and bias U(+-1/sqrt(hidden)) (SGRAF's code leaves the GRU
+    at it); 'flax': xavier-uniform input weights, orthogonal recurrent weights, zero biases."""
     self.hidden = hidden
-    init = nnx.initializers.xavier_uniform()
-    self.fwd_in = nnx.Linear(in_dim, 3 * hidden, kernel_init=init, rngs=rngs)
+    if init == "public":
+      u = _uniform_init(1.0 / float(hidden) ** 0.5)
+      layer = lambda a, b: nnx.Linear(a, b, kernel_init=u, bias_init=u, rngs=rngs)
+      self.fwd_in, self.fwd_h = layer(in_dim, 3 * hidden), layer(hidden, 3 * hidden)
+      self.bwd_in, self.bwd_h = layer(in_dim, 3 * hidden), layer(hidden, 3 * hidden)
+      return
+    if init != "flax":
+      raise ValueError(f"unknown model.region.init {init!r}; expected one of {INITS}")
+    xavier = nnx.initializers.xavier_uniform()
+    self.fwd_in = nnx.Linear(in_dim, 3 * hidden, kernel_init=xavier, rngs=rngs)
     self.fwd_h = nnx.Linear(hidden, 3 * hidden, kernel_init=nnx.initializers.orthogonal(), rngs=rngs)
-    self.bwd_in = nnx.Linear(in_dim, 3 * hidden, kernel_init=init, rngs=rngs)
+    self.bwd_in = nnx.Linear(in_dim, 3 * hidden, kernel_init=xavier, rngs=rngs)
     self.bwd_h = nnx.Linear(hidden, 3 * hidden, kernel_init=nnx.initializers.orthogonal(), rngs=rngs)
 
   def _direction(self, x_proj, h_lin, mask, reverse):
@@ -99,9 +125,9 @@ class GRUTextEncoder(nnx.Module):
   """EncoderText: word embedding -> bi-GRU -> L2 per word; padded positions are zero vectors."""
 
   def __init__(self, vocab_size: int, word_dim: int, embed_dim: int, *, pad_id: int = 0,
-               word_dropout: float = 0.0, rngs: nnx.Rngs):
+               word_dropout: float = 0.0, init: str = "public", rngs: nnx.Rngs):
     self.embed = nnx.Embed(vocab_size, word_dim, embedding_init=_uniform_init(0.1), rngs=rngs)
-    self.gru = BiGRU(word_dim, embed_dim, rngs=rngs)
+    self.gru = BiGRU(word_dim, embed_dim, init=init, rngs=rngs)
     self.pad_id, self.word_dropout = pad_id, word_dropout
 
   def __call__(self, tokens, rng=None):
@@ -133,10 +159,10 @@ class SelfAttentionPool(nnx.Module):
   """VisualSA / TextSA: the global vector as an attention-weighted sum of the locals, the weights from
   tanh(W_l local) * tanh(W_g mean) (BatchNorm removed, see the module docstring)."""
 
-  def __init__(self, dim: int, *, dropout: float = 0.0, rngs: nnx.Rngs):
-    self.local = nnx.Linear(dim, dim, rngs=rngs)
-    self.glob = nnx.Linear(dim, dim, rngs=rngs)
-    self.common = nnx.Linear(dim, 1, rngs=rngs)
+  def __init__(self, dim: int, *, dropout: float = 0.0, init: str = "public", rngs: nnx.Rngs):
+    self.local = _linear(dim, dim, init, rngs)
+    self.glob = _linear(dim, dim, init, rngs)
+    self.common = _linear(dim, 1, init, rngs)
     self.dropout = float(dropout)   # SGRAF's Dropout(0.4) after each tanh embedding, in training (`rng` given)
 
   def __call__(self, local, mask, rng=None):
@@ -154,10 +180,10 @@ class SelfAttentionPool(nnx.Module):
 class GraphReasoning(nnx.Module):
   """One SGR step: edges softmax(W_q n (W_k n)^T) over the (unmasked) nodes, then relu(W_g (edges @ nodes))."""
 
-  def __init__(self, sim_dim: int, *, rngs: nnx.Rngs):
-    self.q = nnx.Linear(sim_dim, sim_dim, rngs=rngs)
-    self.k = nnx.Linear(sim_dim, sim_dim, rngs=rngs)
-    self.g = nnx.Linear(sim_dim, sim_dim, rngs=rngs)
+  def __init__(self, sim_dim: int, *, init: str = "public", rngs: nnx.Rngs):
+    self.q = _linear(sim_dim, sim_dim, init, rngs)
+    self.k = _linear(sim_dim, sim_dim, init, rngs)
+    self.g = _linear(sim_dim, sim_dim, init, rngs)
 
   def __call__(self, nodes, mask):
     edges = jnp.einsum("...nd,...md->...nm", self.q(nodes), self.k(nodes))
@@ -169,19 +195,19 @@ class SimilarityHead(nnx.Module):
   """SGRAF's EncoderSimilarity: H(regions, words) in (0, 1) (SGR or SAF aggregation)."""
 
   def __init__(self, embed_dim: int, sim_dim: int = 256, *, kind: str = "sgr", steps: int = 3, smooth: float = 9.0,
-               pool_dropout: float = 0.0, rngs: nnx.Rngs):
+               pool_dropout: float = 0.0, init: str = "public", rngs: nnx.Rngs):
     if kind not in ("sgr", "saf"):
       raise ValueError(f"unknown similarity head {kind!r}; expected 'sgr' or 'saf'")
     self.kind, self.smooth = kind, float(smooth)
-    self.v_pool = SelfAttentionPool(embed_dim, dropout=pool_dropout, rngs=rngs)
-    self.t_pool = SelfAttentionPool(embed_dim, dropout=pool_dropout, rngs=rngs)
-    self.sim_local = nnx.Linear(embed_dim, sim_dim, rngs=rngs)
-    self.sim_global = nnx.Linear(embed_dim, sim_dim, rngs=rngs)
-    self.sim_eval = nnx.Linear(sim_dim, 1, rngs=rngs)
+    self.v_pool = SelfAttentionPool(embed_dim, dropout=pool_dropout, init=init, rngs=rngs)
+    self.t_pool = SelfAttentionPool(embed_dim, dropout=pool_dropout, init=init, rngs=rngs)
+    self.sim_local = _linear(embed_dim, sim_dim, init, rngs)
+    self.sim_global = _linear(embed_dim, sim_dim, init, rngs)
+    self.sim_eval = _linear(sim_dim, 1, init, rngs)
     if kind == "sgr":
-      self.reasoning = nnx.List([GraphReasoning(sim_dim, rngs=rngs) for _ in range(steps)])
+      self.reasoning = nnx.List([GraphReasoning(sim_dim, init=init, rngs=rngs) for _ in range(steps)])
     else:
-      self.filtration = nnx.Linear(sim_dim, 1, rngs=rngs)
+      self.filtration = _linear(sim_dim, 1, init, rngs)
 
   def _aggregate(self, sim_glo, sim_loc, word_mask):
     """sim_glo (..., S), sim_loc (..., L, S), word_mask (..., L) -> score (...)."""
@@ -339,14 +365,15 @@ class RegionRetrievalModel(RegionScoring, nnx.Module):
   def __init__(self, *, feature_dim: int, embed_dim: int, vocab_size: int, word_dim: int = 300, sim_dim: int = 256,
                head: str = "sgr", steps: int = 3, smooth: float = 9.0, word_dropout: float = 0.0, pad_id: int = 0,
                pairs_per_step: int = 4096, text_structure: str = "attention", pool_dropout: float = 0.0,
-               rngs: nnx.Rngs):
+               init: str = "public", rngs: nnx.Rngs):
     if text_structure not in TEXT_STRUCTURES:
       raise ValueError(f"unknown model.region.text_structure {text_structure!r}; expected one of {TEXT_STRUCTURES}")
     self.text_structure_form = text_structure
-    self.img = RegionEncoder(feature_dim, embed_dim, rngs=rngs)
-    self.txt = GRUTextEncoder(vocab_size, word_dim, embed_dim, pad_id=pad_id, word_dropout=word_dropout, rngs=rngs)
+    self.img = RegionEncoder(feature_dim, embed_dim, init=init, rngs=rngs)
+    self.txt = GRUTextEncoder(vocab_size, word_dim, embed_dim, pad_id=pad_id, word_dropout=word_dropout, init=init,
+                              rngs=rngs)
     self.head = SimilarityHead(embed_dim, sim_dim, kind=head, steps=steps, smooth=smooth, pool_dropout=pool_dropout,
-                               rngs=rngs)
+                               init=init, rngs=rngs)
     self.pairs_per_step = int(pairs_per_step)
 
   def encode_image(self, regions):

@@ -174,3 +174,21 @@ def test_degenerate_similarities_give_finite_losses_and_gradients(s):
 
   value, grad = jax.value_and_grad(total)(s)
   assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(grad)))
+
+
+def test_the_warmup_hinge_averages_each_row_over_all_b_columns_as_ncr_does():
+  """NCR / MSCN's warm-up (the public code DisNCL's group builds on): cost_s = relu(margin + S - diag[:, None]) and
+  cost_im = relu(margin + S - diag[None, :]) with the diagonal zeroed, then cost_s.mean(1) + cost_im.mean(0) — the
+  mean over all B columns, the zero diagonal included — summed over the batch (restated in float64 here; until
+  2026-11-25 ncjax divided by B - 1, which this tells apart)."""
+  from ncjax.losses import disncl as L
+  rng = np.random.default_rng(4)
+  b, margin = 6, 0.2
+  s = rng.normal(0, 0.4, (b, b))
+  diag = np.diag(s)
+  cost_s = np.maximum(margin + s - diag[:, None], 0) * (1 - np.eye(b))
+  cost_im = np.maximum(margin + s - diag[None, :], 0) * (1 - np.eye(b))
+  expected = (cost_s.mean(1) + cost_im.mean(0)).sum()
+  loss, _ = L.align_loss(np.float32(s), margin, negatives="all_mean")
+  assert float(loss) == pytest.approx(expected, rel=1e-6)
+  assert abs(expected * b / (b - 1) - expected) > 1e-2

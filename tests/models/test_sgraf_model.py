@@ -195,3 +195,30 @@ def test_gsc_structures_equal_a_restatement_of_the_public_forward_topology():
   wide = jnp.concatenate([w32, jnp.zeros((5, 4, 8), jnp.float32)], axis=1)
   wide_mask = jnp.concatenate([m32, jnp.zeros((5, 4), bool)], axis=1)
   np.testing.assert_allclose(np.asarray(ncjax_side(state, wide, wide_mask, r32)[4]), aligned, atol=1e-6)
+
+
+def test_the_public_codes_initialisation_is_the_default_and_flax_a_named_option():
+  """SGRAF's / GSC's code initialise every Linear layer (the region encoder, the pools, the head, the reasoning
+  steps) xavier-uniform — U(+-sqrt(6 / (in + out))) — with zero biases, and leave the bi-GRU at torch's default,
+  every weight and bias U(+-1/sqrt(H)); `model.region.init='flax'` keeps flax's defaults (lecun-normal weights)."""
+  public, flax = _model(), _model(init="flax")
+  linears = [(name, layer) for name, layer in nnx.iter_graph(public) if isinstance(layer, nnx.Linear)
+             and not any(p in str(name) for p in ("gru",))]
+  assert len(linears) >= 10
+  for name, layer in linears:
+    w, b = np.asarray(layer.kernel.value), np.asarray(layer.bias.value)
+    limit = np.sqrt(6.0 / sum(w.shape))
+    assert np.all(b == 0) and np.abs(w).max() <= limit, name
+    if w.size >= 64:   # a uniform's spread: limit / sqrt(3)
+      assert abs(w.std() - limit / np.sqrt(3)) < 0.25 * limit / np.sqrt(3), (name, w.std(), limit)
+  gru = public.txt.gru
+  h = gru.hidden
+  for layer in (gru.fwd_in, gru.fwd_h, gru.bwd_in, gru.bwd_h):
+    for v in (np.asarray(layer.kernel.value), np.asarray(layer.bias.value)):
+      assert np.abs(v).max() <= 1 / np.sqrt(h) and v.std() > 0.45 / np.sqrt(h) / np.sqrt(3)
+  # flax's defaults differ: a Gaussian (lecun-normal), not bounded by the xavier limit everywhere
+  w = np.asarray(flax.head.sim_local.kernel.value)
+  assert not np.array_equal(w, np.asarray(public.head.sim_local.kernel.value))
+  assert np.abs(np.asarray(flax.txt.gru.fwd_h.bias.value)).max() == 0
+  with pytest.raises(ValueError, match="unknown model.region.init 'torch'"):
+    _model(init="torch")
