@@ -109,6 +109,8 @@ def base_config() -> ml_collections.ConfigDict:
   # 'sentencepiece:PATH' (big_vision's SigLIP tokenisation). big_vision's towers (`big_vision:PATH` sets them):
   # text_causal=False (bidirectional text attention), posemb='sincos2d' (a fixed image position embedding instead of
   # the learned one), proj_bias=True (biases on both projections), text_pool='final' / 'first' / 'gap' / 'map'.
+  # MERU's towers (configs/meru.py's paper preset, `meru:PATH`): a timm ViT — patch_bias=True, ln_pre=False,
+  # posemb='sincos2d_moco' (MoCo v3's fixed table, frozen) — and act='gelu' (exact GELU) in both towers.
   c.model = ml_collections.ConfigDict(dict(
       size="tiny", image_type="vit", text_type="transformer",
       image_size=config_dict.placeholder(int), patch_size=config_dict.placeholder(int),

@@ -108,7 +108,8 @@ class ModelSpec:
   act: str = "quick_gelu"
   text_pool: str = "eot"
   text_causal: bool = True     # False: bidirectional text attention (big_vision / SigLIP)
-  posemb: str = "learn"        # the image tower's position embedding: 'learn' or 'sincos2d' (fixed)
+  posemb: str = "learn"        # the image tower's position embedding: 'learn', or fixed: 'sincos2d' (big_vision's)
+                               # or 'sincos2d_moco' (MoCo v3's, MERU's)
   proj_bias: bool = False      # a bias on both towers' projections (big_vision's heads)
   dtype: str = "float32"
   remat: bool = False

@@ -1,7 +1,9 @@
 """ViT image tower (CLIP layout: conv patchify, class token, ln_pre, pre-norm blocks, ln_post, projection).
 
 OpenAI / open_clip / Hugging Face CLIP: no patch bias, ln_pre. timm's ViT (MERU's image encoder): patch bias, no
-ln_pre (`patch_bias=True, ln_pre=False`); its final norm followed by class-token pooling is our ln_post of the token.
+ln_pre, exact GELU (`patch_bias=True, ln_pre=False, act='gelu'`); its final norm followed by class-token pooling is
+our ln_post of the token; MERU fixes its position table to MoCo v3's 2-D sin-cos ('sincos2d_moco', frozen, a zero
+entry for the class token).
 big_vision's ViT (SigLIP's image tower): patch bias, no ln_pre, no class token ('map' or 'gap' pooling of the
 final-normed tokens), a learned or fixed 'sincos2d' position embedding, and a head with a bias (`proj_bias`).
 """
@@ -15,14 +17,33 @@ from flax import nnx
 from ncjax.models import layers
 
 
+POSEMBS = ("learn", "sincos2d", "sincos2d_moco")
+
+
 def posemb_sincos_2d(h: int, w: int, width: int, temperature: float = 10_000.0) -> np.ndarray:
-  """MoCo v3's fixed 2-D position embedding (big_vision's 'sincos2d'), (h * w, width) float32: per position
+  """big_vision's fixed 2-D position embedding ('sincos2d'), (h * w, width) float32: per patch (row y, column x),
   [sin(x w), cos(x w), sin(y w), cos(y w)] with frequencies w = temperature ** -(i / (width / 4 - 1))."""
   y, x = np.mgrid[:h, :w]
   omega = 1.0 / temperature ** (np.arange(width // 4) / (width // 4 - 1))
   x = x.reshape(-1)[:, None] * omega[None]
   y = y.reshape(-1)[:, None] * omega[None]
   return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1).astype(np.float32)
+
+
+def posemb_sincos_2d_moco(h: int, w: int, width: int, temperature: float = 10_000.0) -> np.ndarray:
+  """MoCo v3's fixed 2-D position embedding, as MERU builds it (`build_timm_vit(use_sincos2d_pos=True)`), (h * w,
+  width) float32: per patch (row r, column c), [sin(r w), cos(r w), sin(c w), cos(c w)] with w = temperature **
+  -(i / (width / 4)). Two differences from big_vision's: the row comes first (the code's `meshgrid(grid_w, grid_h)`
+  indexes 'ij', so its 'w' grid runs over the rows of the row-major patch order) and the exponent divides by
+  width / 4, not width / 4 - 1."""
+  rows, cols = np.divmod(np.arange(h * w), w)
+  omega = 1.0 / temperature ** (np.arange(width // 4) / (width // 4))
+  r = rows[:, None] * omega[None]
+  c = cols[:, None] * omega[None]
+  return np.concatenate([np.sin(r), np.cos(r), np.sin(c), np.cos(c)], axis=1).astype(np.float32)
+
+
+SINCOS = {"sincos2d": posemb_sincos_2d, "sincos2d_moco": posemb_sincos_2d_moco}
 
 
 class VisionTransformer(nnx.Module):
@@ -40,10 +61,10 @@ class VisionTransformer(nnx.Module):
       raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
     if pool not in ("tok", "map", "gap"):
       raise ValueError(f"unknown pooling {pool!r}; expected 'tok', 'map' or 'gap'")
-    if posemb not in ("learn", "sincos2d"):
-      raise ValueError(f"unknown position embedding {posemb!r}; expected 'learn' or 'sincos2d'")
-    if posemb == "sincos2d" and width % 4:
-      raise ValueError(f"posemb='sincos2d' needs a width divisible by 4, got {width}")
+    if posemb not in POSEMBS:
+      raise ValueError(f"unknown position embedding {posemb!r}; expected one of {POSEMBS}")
+    if posemb in SINCOS and width % 4:
+      raise ValueError(f"posemb={posemb!r} needs a width divisible by 4, got {width}")
     self.image_size, self.patch_size, self.channels = image_size, patch_size, channels
     self.pool, self.dtype, self.width, self.posemb = pool, dtype, width, posemb
     grid = image_size // patch_size
@@ -81,8 +102,8 @@ class VisionTransformer(nnx.Module):
     x = self.patch_embed(images.astype(self.dtype))
     b = x.shape[0]
     x = x.reshape(b, -1, self.width).astype(jnp.float32)
-    if self.posemb == "sincos2d":   # fixed, on the patch tokens only (a class token gets none), as big_vision
-      x = x + jnp.asarray(posemb_sincos_2d(self.grid, self.grid, self.width))
+    if self.posemb in SINCOS:   # fixed, on the patch tokens only (a class token gets none: big_vision, MERU's zero)
+      x = x + jnp.asarray(SINCOS[self.posemb](self.grid, self.grid, self.width))
     if self.pool == "tok":
       cls = jnp.broadcast_to(self.cls_token[...], (b, 1, self.width))
       x = jnp.concatenate([cls, x], axis=1)

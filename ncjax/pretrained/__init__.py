@@ -370,6 +370,16 @@ def _hf_config(cfg: dict, pre: dict) -> tuple[dict, dict]:
   return fields, _preprocess(fields["image_size"], _normalization_name(mean, std))
 
 
+def _meru_posemb(pos_embed, grid: int, width: int) -> str:
+  """'sincos2d_moco' when a MERU checkpoint's position table is MoCo v3's fixed one (MERU's default,
+  use_sincos2d_pos=True: a zero row for the class token, then the sin-cos rows), else 'learn' (a MERU trained with
+  learned positions)."""
+  from ncjax.models.vit import posemb_sincos_2d_moco
+  table = np.asarray(pos_embed, np.float32).reshape(-1, width)
+  fixed = np.concatenate([np.zeros((1, width), np.float32), posemb_sincos_2d_moco(grid, grid, width)])
+  return "sincos2d_moco" if table.shape == fixed.shape and np.allclose(table, fixed, atol=1e-5) else "learn"
+
+
 def _meru_config(sd) -> tuple[dict, dict]:
   if "visual.patch_embed.proj.weight" not in sd or "textual.token_embed.weight" not in sd:
     raise UnsupportedArchitecture("not a MERU checkpoint: expected visual.patch_embed.* (timm ViT) and "
@@ -389,7 +399,8 @@ def _meru_config(sd) -> tuple[dict, dict]:
       text_width=int(tw), text_depth=_count(sd, r"textual\.resblocks\.(\d+)\."), text_heads=int(tw // 64),
       text_mlp_dim=int(sd["textual.resblocks.0.mlp.c_fc.weight"].shape[0]),
       context_length=int(sd["textual.posit_embed"].shape[0]), vocab_size=int(sd["textual.token_embed.weight"].shape[0]),
-      act="gelu", ln_pre=False, patch_bias=True, geometry="lorentz" if hyperbolic else "sphere")
+      act="gelu", ln_pre=False, patch_bias=True, geometry="lorentz" if hyperbolic else "sphere",
+      posemb=_meru_posemb(sd["visual.pos_embed"], grid, int(width)))
   mean = np.asarray(sd.get("pixel_mean", np.asarray(IMAGENET_NORMALIZATION[0]))).reshape(-1)
   std = np.asarray(sd.get("pixel_std", np.asarray(IMAGENET_NORMALIZATION[1]))).reshape(-1)
   return fields, _preprocess(fields["image_size"], _normalization_name(mean, std))
@@ -639,6 +650,10 @@ def _read(spec: PretrainedSpec):
     keys = meru_keys(fields["image_depth"], fields["text_depth"], fields["geometry"] == "lorentz")
   if not fields.get("ln_pre", True):
     keys = [k for k in keys if not k.target.startswith("img/ln_pre/")]
+  if fields.get("posemb", "learn") != "learn":   # a fixed table: nothing to load (the tower computes it)
+    keys = [k for k in keys if k.target != "img/pos_embedding"]
+    if spec.format == "meru":
+      sd = {k: v for k, v in sd.items() if k != "visual.pos_embed"}   # checked equal to the table (_meru_posemb)
   fields["pretrained"] = str(spec)
   return sd, fields, pre, keys
 
@@ -861,7 +876,7 @@ def _check_exportable(model_cfg, fmt: str, tokenizer_kind: str):
   elif model_cfg.get("pool", "tok") != "tok" or model_cfg.get("image_type", "vit") != "vit":
     problems.append("only class-token ViTs export")
   if model_cfg.get("posemb", "learn") != "learn":
-    problems.append("a fixed 'sincos2d' position embedding is not CLIP's learned one")
+    problems.append(f"a fixed {model_cfg.get('posemb')!r} position embedding is not CLIP's learned one")
   if model_cfg.get("proj_bias", False):
     problems.append("projection biases (big_vision's heads) are not in CLIP's layout")
   if not model_cfg.get("text_causal", True) or model_cfg.get("text_pool", "eot") not in ("eot", "argmax"):

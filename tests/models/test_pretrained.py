@@ -110,6 +110,50 @@ def test_hugging_face_clip_model_parity(tmp_path, act):
   assert model.config.image_heads == 3 and model.config.image_mlp_dim == 96   # from config.json, not 64-wide
 
 
+def _meru_sincos_table(grid: int, width: int) -> np.ndarray:
+  """MERU's `build_timm_vit(use_sincos2d_pos=True)` position table, restated in torch as its code writes it
+  (MoCo v3's): meshgrid(grid_w, grid_h) with torch's default 'ij' indexing, omega = 1 / 10000 ** (arange(d) / d)
+  for d = width / 4, [sin(out_w), cos(out_w), sin(out_h), cos(out_h)], a zero row for the class token first."""
+  grid_w = torch.arange(grid, dtype=torch.float32)
+  grid_h = torch.arange(grid, dtype=torch.float32)
+  grid_w, grid_h = torch.meshgrid(grid_w, grid_h, indexing="ij")
+  pos_dim = width // 4
+  omega = 1.0 / (10000.0 ** (torch.arange(pos_dim, dtype=torch.float32) / pos_dim))
+  out_w = torch.einsum("m,d->md", grid_w.flatten(), omega)
+  out_h = torch.einsum("m,d->md", grid_h.flatten(), omega)
+  table = torch.cat([torch.sin(out_w), torch.cos(out_w), torch.sin(out_h), torch.cos(out_h)], dim=1)
+  return torch.cat([torch.zeros(1, width), table], dim=0)[None].numpy()
+
+
+@pytest.mark.parametrize("hyperbolic", [True, False])
+def test_a_meru_checkpoint_with_meru_s_fixed_position_table_imports_into_meru_s_own_network(tmp_path, hyperbolic):
+  """MERU's network as MERU builds it: a checkpoint whose ViT position table is MERU's fixed sin-cos one (its
+  default) loads into towers with `posemb='sincos2d_moco'` — the table computed, not a parameter — exact GELU, a
+  patch bias and no pre-norm, and both embeddings equal a torch restatement of MERU's forward pass with the table
+  restated from its code; configs/meru.py's paper preset builds the same network (no position parameter either)."""
+  sd = rm.make_meru_state_dict(hyperbolic=hyperbolic, width=64, patch=8, image_size=32)
+  sd["visual.pos_embed"] = _meru_sincos_table(4, 64)
+  path = rm.save_torch(sd, str(tmp_path / "meru.pth"), wrap="model")
+  images, tokens = rm.images_and_tokens()
+  oi, ot, model, _, _ = _ours(f"meru:{path}", images, tokens)
+  _assert_close((oi, ot), rm.meru_reference_embeddings(sd, images, tokens))
+  conf, params = pretrained.load(f"meru:{path}")
+  assert (conf.posemb, conf.act, conf.patch_bias, conf.ln_pre) == ("sincos2d_moco", "gelu", True, False)
+  assert "pos_embedding" not in params["img"]
+  # big_vision's table differs (column first, another frequency exponent): the MERU one is not a relabelling of it
+  from ncjax.models.vit import posemb_sincos_2d
+  assert not np.allclose(posemb_sincos_2d(4, 4, 64), sd["visual.pos_embed"][0, 1:], atol=1e-3)
+  from helpers import load_config
+  from ncjax.models import ModelSpec, build_model
+  from flax import nnx
+  cfg = load_config("meru", "setting=paper,model=tiny")
+  spec = ModelSpec.from_config(cfg.model)
+  assert (spec.posemb, spec.act, spec.patch_bias, spec.ln_pre) == ("sincos2d_moco", "gelu", True, False)
+  state = nnx.state(nnx.eval_shape(lambda: build_model(spec, vocab_size=64, eot_id=63)))
+  assert not any("pos_embedding" in "/".join(map(str, p)) and "img" in "/".join(map(str, p))
+                 for p, _ in state.flat_state())
+
+
 @pytest.mark.parametrize("hyperbolic", [True, False])
 def test_meru_checkpoint_mapping_and_geometry(tmp_path, hyperbolic):
   sd = rm.make_meru_state_dict(hyperbolic=hyperbolic)
