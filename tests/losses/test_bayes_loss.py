@@ -92,3 +92,23 @@ def test_weighted_infonce_equals_a_numpy_restatement_with_non_unit_weights_in_bo
                 (linear[0], linear[1], linear[2], linear[3].T)):   # text side's weights not transposed
     a, b, _ = _weighted_infonce_numpy(logits, *wrong)
     assert max(np.abs(a - i2t).max(), np.abs(b - t2i).max()) > 1e-2
+
+
+def test_prior_weights_ignore_the_similarities_and_have_unit_means():
+  """loss.weights='prior' (an ablation for the README's Bayesian CL experiment): w+ ~ Ga(a+, a+) and w- ~ Ga(a-, a-)
+  drawn whatever the logits — the same key gives the same weights for other similarities — with means 1 and
+  spreads 1/sqrt(a) (Gamma(a, a): variance 1/a)."""
+  import jax
+  import jax.numpy as jnp
+  from ncjax.methods.bayes import BayesOptions, sample_weights
+  options = BayesOptions(weights="prior")
+  key = jax.random.PRNGKey(3)
+  a = jnp.asarray(np.random.default_rng(0).normal(size=(128, 128)), jnp.float32)
+  _, wp, wn = sample_weights(key, a, options)
+  _, wp2, wn2 = sample_weights(key, 5.0 * a + 1.0, options)
+  np.testing.assert_array_equal(wp, wp2)
+  np.testing.assert_array_equal(wn, wn2)
+  off = ~np.eye(128, dtype=bool)
+  neg = np.exp(np.asarray(wn))[off]
+  assert abs(np.exp(np.asarray(wp)).mean() - 1) < 0.1 and abs(neg.mean() - 1) < 0.01
+  assert abs(neg.std() - 1 / np.sqrt(10)) < 0.01 and np.all(np.isneginf(np.diag(np.asarray(wn))))
