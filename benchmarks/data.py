@@ -35,7 +35,8 @@ def _write_shards(directory: str, n: int, size=(500, 375)) -> None:
 
 def input_throughput(n_images: int = 1024, batch: int = 128, image_size: int = 224) -> dict:
   import ml_collections
-  from ncjax.data import sources, tfds_builders
+  from ncjax.data.tables import sources
+  from ncjax.data.tables import builders as tfds_builders
   from ncjax.data.pipeline import TrainData
   from ncjax.sharding import make_mesh
   from ncjax.tokenizers import WordTokenizer
@@ -65,7 +66,7 @@ def input_throughput(n_images: int = 1024, batch: int = 128, image_size: int = 2
 def in_memory_augmentation(batch: int = 256, repeats: int = 20) -> dict:
   """digits' host batch with and without `input.augment` (the batched bilinear random resized crop), one run."""
   import ml_collections
-  from ncjax.data import digits
+  from ncjax.data.embedded import digits
   from ncjax.data.pipeline import TrainData
   from ncjax.sharding import make_mesh
   from ncjax.tokenizers import WordTokenizer

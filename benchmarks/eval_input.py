@@ -1,6 +1,6 @@
 """Evaluation input: images/s of a zero-shot evaluation's image input (read the file, decode the JPEG, resize the
 shortest side to 224 bicubic, centre crop, normalise) on a 10,000-image ImageFolder tree, serially (the loop
-`ncjax/data/sources.py` ran before `input.eval_workers`) and with thread and process workers.
+`ncjax/data/tables/sources.py` ran before `input.eval_workers`) and with thread and process workers.
 
 The images are read as an evaluator reads them: global batches of `input.eval_batch_size` rows, each fetched one
 device's rows at a time (`ncjax.evals.common._batched_apply` builds each device's shard with its own call), so
@@ -53,8 +53,9 @@ def throughput(view, n: int, batch: int, devices: int) -> tuple[float, np.ndarra
 
 def _old_serial_view(split, size: int):
   """The evaluation input before `input.eval_workers`: one image at a time, decoded to an array
-  (`readers.decode_image`), then the evaluation transform — the loop ncjax/data/sources.py ran until 2026-11-23."""
-  from ncjax.data import preprocess, readers
+  (`readers.decode_image`), then the evaluation transform — the loop ncjax/data/tables/sources.py ran until 2026-11-23."""
+  from ncjax.data import preprocess
+  from ncjax.data.tables import readers
 
   class OldView:
     def __getitem__(self, ids):
@@ -70,7 +71,8 @@ def run(quick: bool = False, n: int | None = None, rounds: int = 5) -> dict:
   """Every mode reads the same n images; the images are cut into `rounds` parts and the modes take turns on each
   part (serial, threads, processes, serial, ...), so that a change in the machine's other load during the run
   falls on every mode alike."""
-  from ncjax.data import classification, sources
+  from ncjax.data.tables import classification
+  from ncjax.data.tables import sources
   n = n or (1000 if quick else 10_000)
   root = write_folder(os.path.join(common.RESULTS_DIR, f"eval_input_images_{n}"), n)
   split = classification.load_image_folder(root, "val")

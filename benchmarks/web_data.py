@@ -1,4 +1,4 @@
-"""Web-scale data (ncjax.data.web, web_pipeline) on synthetic img2dataset output generated here (never stored in the
+"""Web-scale data (ncjax.data.web.dataset, web_pipeline) on synthetic img2dataset output generated here (never stored in the
 repository): per-process resident memory at start-up and after `steps` steps at two dataset sizes (the growth per
 added pair, extrapolated to 400M), the index build's pairs/s per core with one and two processes, time to the first
 batch, and host input throughput (JPEG decode + random resized crop + normalise at 224 from 256-px JPEGs) per core
@@ -43,7 +43,7 @@ def _status() -> dict:
 
 def make_dataset(root: str, pairs: int, templates: int = 4) -> str:
   """img2dataset layout of `pairs` pairs under root (kept between runs: a stamp file marks it complete)."""
-  from ncjax.data import web_synthetic
+  from ncjax.data.web import synthetic as web_synthetic
   stamp = os.path.join(root, f".complete_{pairs}")
   if os.path.isfile(stamp):
     return root
@@ -63,7 +63,8 @@ def child_memory(root: str, mode: str, steps: int, batch: int) -> dict:
   after `steps` steps."""
   t0 = time.perf_counter()
   from ncjax import tokenizers
-  from ncjax.data import web, web_pipeline
+  from ncjax.data.web import dataset as web
+  from ncjax.data.web import pipeline as web_pipeline
   base = _status()
   ds = web.open_dataset(root, use_index=mode == "index")
   tok = tokenizers.TOKENIZERS["clip_bpe"](context_length=77)
@@ -96,7 +97,7 @@ def _run_child(root, mode, steps, batch) -> dict:
 
 
 def build_speed(root: str, workers: int, index_dir: str) -> dict:
-  from ncjax.data import web_index
+  from ncjax.data.web import index as web_index
   shutil.rmtree(index_dir, ignore_errors=True)
   t = time.perf_counter()
   manifest = web_index.build_index(root, index_dir=index_dir, workers=workers)
@@ -111,7 +112,9 @@ def input_throughput(n: int = 1500) -> list[dict]:
   """Images/s on one core (one thread) from 256-px JPEGs to 224 x 224 normalised float32."""
   from PIL import Image
   import io
-  from ncjax.data import preprocess, streams, web_decode, web_synthetic
+  from ncjax.data import preprocess, streams
+  from ncjax.data.web import decode as web_decode
+  from ncjax.data.web import synthetic as web_synthetic
   jpegs = web_synthetic.jpeg_pool(64, 256, seed=1, quality=90)
   rows = []
 

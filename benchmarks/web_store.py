@@ -56,7 +56,9 @@ def _child(code: str, env: dict, timeout: float = 1800) -> dict:
 
 def reader_rate(root: str, mode: str, read: str, steps: int, batch: int, cache: str, max_inflight: int = 64) -> dict:
   """(in a child process) pairs/s of this process's host batches after the first, and requests per pair."""
-  from ncjax.data import web, web_pipeline, web_synthetic
+  from ncjax.data.web import dataset as web
+  from ncjax.data.web import pipeline as web_pipeline
+  from ncjax.data.web import synthetic as web_synthetic
   from ncjax.tokenizers import WordTokenizer
   tok = WordTokenizer.build(web_synthetic.captions(0, 500), context_length=32)
   t0 = time.perf_counter()
@@ -122,7 +124,7 @@ def _train_rate(server, proxy_cls, root, cache, tmp, steps: int) -> list[dict]:
 def open_index(index_dir: str, cache: str, barrier: str) -> dict:
   """(in a child process) open a gs:// index, touch every offset; memory and time."""
   from benchmarks.web_data import _status
-  from ncjax.data import web_index
+  from ncjax.data.web import index as web_index
   import fsspec
   fsspec.filesystem("gcs")   # the client made before the baseline: what is measured is the index
   before = _status()
@@ -138,7 +140,7 @@ def open_index(index_dir: str, cache: str, barrier: str) -> dict:
 
 def _index_memory(server, root: str, tmp: str, pairs: int) -> list[dict]:
   from ncjax import fileio
-  from ncjax.data import web_index
+  from ncjax.data.web import index as web_index
   import io
   offsets = (np.arange(pairs, dtype=np.uint64) * 1536 % (1 << 31)).astype(np.uint32)
   index_dir = fileio.join(root, "big_index")
@@ -174,7 +176,7 @@ def _index_memory(server, root: str, tmp: str, pairs: int) -> list[dict]:
 
 
 def _many_shards(server, proxy_cls, root: str, tmp: str, shards: int) -> list[dict]:
-  from ncjax.data import web_synthetic
+  from ncjax.data.web import synthetic as web_synthetic
   from concurrent.futures import ThreadPoolExecutor
   from ncjax import fileio
   t = time.perf_counter()
@@ -210,7 +212,8 @@ def _many_shards(server, proxy_cls, root: str, tmp: str, shards: int) -> list[di
 
 def host_input(n: int = 600) -> list[dict]:
   """images/s through the decoders (256-px JPEG -> 224 x 224 normalised float32, batches of 64)."""
-  from ncjax.data import web_decode, web_synthetic
+  from ncjax.data.web import decode as web_decode
+  from ncjax.data.web import synthetic as web_synthetic
   from ncjax.tokenizers import WordTokenizer
   jpegs = web_synthetic.jpeg_pool(64, 256, seed=1, quality=90)
   tok = WordTokenizer.build(web_synthetic.captions(0, 500), context_length=32)
@@ -247,7 +250,8 @@ def host_input(n: int = 600) -> list[dict]:
 def table_route(tmp: str, sizes=(40_000, 320_000), steps: int = 100, batch: int = 64) -> list[dict]:
   """A table of `size` rows over 64 image files -> shards + index (timed) -> a training process's memory."""
   from benchmarks.web_data import _run_child
-  from ncjax.data import build, web_synthetic
+  from ncjax.data import build
+  from ncjax.data.web import synthetic as web_synthetic
   images = os.path.join(tmp, "table_images")
   os.makedirs(images, exist_ok=True)
   for k, data in enumerate(web_synthetic.jpeg_pool(64, 32, seed=5)):
@@ -274,7 +278,8 @@ def table_route(tmp: str, sizes=(40_000, 320_000), steps: int = 100, batch: int 
 
 def run(quick: bool = False) -> dict:
   GCSServer, LatencyProxy = _servers()
-  from ncjax.data import web_index, web_synthetic
+  from ncjax.data.web import index as web_index
+  from ncjax.data.web import synthetic as web_synthetic
   tmp = tempfile.mkdtemp(prefix="ncjax-bench-store-")
   payload: dict = {}
   with GCSServer() as server:

@@ -150,7 +150,7 @@ def base_config() -> ml_collections.ConfigDict:
       # evaluation images decoded and transformed in parallel: -1 = one worker per usable core, 0 = serially
       # (`ncjax eval --num_workers`); eval_decode: 'thread' or 'process' workers
       eval_workers=-1, eval_decode="thread",
-      # input.dataset='web:ROOT[::ROOT2...]' (img2dataset output, ncjax.data.web_pipeline): mode 'auto' (indexed
+      # input.dataset='web:ROOT[::ROOT2...]' (img2dataset output, ncjax.data.web.pipeline): mode 'auto' (indexed
       # when built, else streamed) | 'index' | 'stream'; read (indexed): 'auto' (block on an object store, else
       # pair) | 'pair' (one ranged read per pair, a global shuffle for any process count) | 'block' (blocks of
       # `block` consecutive pairs per ranged read, shuffled in windows of `shuffle_pairs` pairs per process);

@@ -41,7 +41,7 @@ ENTRY_KEYS = ("dataset", "split", "tasks", "task", "data_dir", "name")
 
 
 def _aliases() -> dict[str, str]:
-  from ncjax.data.classification import TFDS_TO_CLIP_BENCHMARK
+  from ncjax.data.tables.classification import TFDS_TO_CLIP_BENCHMARK
   out = {}
   for tfds_name, key in TFDS_TO_CLIP_BENCHMARK.items():
     out.setdefault(key, f"tfds:{tfds_name}")      # the first tfds dataset of a key (imagenet1k: imagenet2012)

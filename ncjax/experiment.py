@@ -23,7 +23,7 @@ from ncjax import data as data_lib
 from ncjax import models, pretrained, tokenizers
 from ncjax import sharding as shard_lib
 from ncjax.data import scores as scores_lib
-from ncjax.data import web_pipeline
+from ncjax.data.web import pipeline as web_pipeline
 from ncjax.data.concepts import concept_train_data
 from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform_from_config, noise_from_config
 from ncjax.data.pipeline import TrainData
@@ -137,7 +137,7 @@ class Experiment:
   resolved: Resolved
   mesh: jax.sharding.Mesh
   tokenizer: Any
-  train_data: TrainData   # or ncjax.data.web_pipeline.WebTrainData (input.dataset='web:...')
+  train_data: TrainData   # or ncjax.data.web.pipeline.WebTrainData (input.dataset='web:...')
   method: Method
   noisy: NoisyIndex | None
   batch_transform: BatchTransform | None = None  # dynamic noise, applied inside the jitted step

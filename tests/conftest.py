@@ -59,7 +59,7 @@ def devices():
 def built(tmp_path_factory):
   """Every builder built once from real-format fixtures (see tests/data_fixtures.py)."""
   import data_fixtures as fx
-  from ncjax.data import tfds_builders
+  from ncjax.data.tables import builders as tfds_builders
   root = tmp_path_factory.mktemp("datasets")
   data_dir = str(root / "tfds")
   wds_caps = fx.write_webdataset(str(root / "wds"))

@@ -1,18 +1,25 @@
 """Datasets, noise protocols and the training input pipeline.
 
+Sub-packages: `embedded` (the datasets generated here: digits, scenes, synthetic pairs and precomp features),
+`tables` (datasets built from the user's files through tfds, and evaluation datasets read as they are), `web`
+(img2dataset output at any size, streamed or indexed, local or gs://). Modules here: `pipeline` (the in-memory and
+built-dataset training input, `TrainData`, `TrainingPairs`), `noise` (the noise protocols), `streams` (independent
+random streams), `preprocess` (image transforms), `types` (`PairSplit`), `scores` (per-sample score files),
+`concepts` (forget / retain splits for concept unlearning), `build` (`python -m ncjax.data.build`).
+
 `input.dataset` names: an in-memory dataset ('digits', 'scenes', 'synthetic'); 'tfds:<builder>/<config>' for a dataset built
 by `python -m ncjax.data.build` (web_pairs, karpathy, precomp, digits); 'tfds:<name>' for any other tfds dataset
 prepared under input.data_dir (cifar10, imagenet2012, ...: classification, for evaluation); 'image_folder:PATH' for
 a local labelled image tree or table, 'table:PATH' for a CSV / TSV of image-caption pairs read as it is
-(ncjax.data.classification); 'web:ROOT[::ROOT2...]' for img2dataset output at any size, streamed or indexed
-(training only: ncjax.data.web_pipeline).
+(ncjax.data.tables.classification); 'web:ROOT[::ROOT2...]' for img2dataset output at any size, streamed or indexed
+(training only: ncjax.data.web.pipeline).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ncjax.data import digits, precomp_synthetic, scenes, synthetic
+from ncjax.data.embedded import digits, precomp_synthetic, scenes, synthetic
 from ncjax.data.types import PairSplit
 from ncjax.registry import Registry
 
@@ -28,20 +35,21 @@ def load_split(input_config, split: str, image_size: int) -> PairSplit:
   """In-memory datasets by name; built tfds datasets as 'tfds:<builder>/<config>' (images read lazily)."""
   name = input_config.dataset
   if name.startswith("web:"):
-    raise ValueError(f"{name!r} is web-scale training data (ncjax.data.web_pipeline), read only by the trainer: "
+    raise ValueError(f"{name!r} is web-scale training data (ncjax.data.web.pipeline), read only by the trainer: "
                      f"evaluate on another dataset (--config.evals.NAME.dataset=...) or switch the evaluator off "
                      f"(--config.evals.NAME.enabled=False)")
   if name.startswith("image_folder:"):
-    from ncjax.data import classification
+    from ncjax.data.tables import classification
     return classification.load_image_folder(name[len("image_folder:"):], split)
   if name.startswith("table:"):
-    from ncjax.data import classification
+    from ncjax.data.tables import classification
     return classification.load_pair_table(name[len("table:"):], split)
   if name.startswith("tfds:"):
-    from ncjax.data import sources, tfds_builders
+    from ncjax.data.tables import sources
+    from ncjax.data.tables import builders as tfds_builders
     builder, _, config = name[len("tfds:"):].partition("/")
     if builder not in tfds_builders.BUILDERS:   # a standard tfds dataset the user prepared (cifar10, ...)
-      from ncjax.data import classification
+      from ncjax.data.tables import classification
       return classification.load_prepared_tfds(builder, config or None, input_config.data_dir, split)
     return sources.load_tfds_split(name, input_config.data_dir, split)
   if name not in DATASETS:
@@ -55,7 +63,7 @@ def eval_images(split: PairSplit, image_size: int, normalization: str = "openai"
   slice decoded by `workers` threads or processes (-1: one per usable core; 0: serially)."""
   if isinstance(split.images, np.ndarray):
     return split.images
-  from ncjax.data.sources import TransformedImages
+  from ncjax.data.tables.sources import TransformedImages
   return TransformedImages(split.images, image_size, normalization, resize, workers=workers, decode=decode)
 
 

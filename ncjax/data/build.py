@@ -9,14 +9,14 @@
 
 Then train with --config.input.dataset=tfds:karpathy/flickr30k --config.input.data_dir=/data/tfds.
 
-img2dataset output at any size is indexed where it lies (ncjax.data.web: ROOT/_ncjax_index/, 4 bytes per pair;
+img2dataset output at any size is indexed where it lies (ncjax.data.web.dataset: ROOT/_ncjax_index/, 4 bytes per pair;
 each shard read once, in parallel over the cores, and over hosts with --num_hosts/--host_index, then --merge once):
   python -m ncjax.data.build --dataset=web --manual_dir=/data/laion400m [--workers=N] [--clean_column=clean]
       [--num_hosts=H --host_index=h] [--merge] [--index_dir=DIR]
-and trained with --config=configs/clip.py:data=web:/data/laion400m (ncjax.data.web_pipeline).
+and trained with --config=configs/clip.py:data=web:/data/laion400m (ncjax.data.web.pipeline).
 
 A table too large for the table builder (a training process holds ~230 bytes per pair of a built table; millions
-of pairs: ncjax.data.web_from_table) is written as webdataset shards and indexed, then trained as web data:
+of pairs: ncjax.data.web.from_table) is written as webdataset shards and indexed, then trained as web data:
   python -m ncjax.data.build --dataset=web --manual_dir=/data/mypairs --table=pairs.tsv [--output_dir=DIR]
       [--image_column=filepath --caption_column=title --separator=TAB --clean_column=clean --per_shard=10000]
 """
@@ -28,7 +28,8 @@ import os
 import sys
 
 from ncjax import fileio
-from ncjax.data import readers, tfds_builders
+from ncjax.data.tables import readers
+from ncjax.data.tables import builders as tfds_builders
 
 
 def main(argv=None) -> int:
@@ -92,14 +93,14 @@ def main(argv=None) -> int:
 
 def build_web(args) -> int:
   import time
-  from ncjax.data import web_index
+  from ncjax.data.web import index as web_index
   if not args.manual_dir:
     print("error: --dataset=web needs --manual_dir=ROOT (img2dataset's output)", file=sys.stderr)
     return 2
   t0 = time.perf_counter()
   try:
     if args.table:   # a CSV/TSV of (image path, caption) -> webdataset shards, then their index
-      from ncjax.data import web_from_table
+      from ncjax.data.web import from_table as web_from_table
       table = args.table if os.path.isabs(args.table) else os.path.join(args.manual_dir, args.table)
       args.manual_dir = args.output_dir or os.path.join(args.manual_dir, "_ncjax_web")
       written = web_from_table.table_to_webdataset(

@@ -195,8 +195,8 @@ def batch_transform_from_config(noise_config) -> BatchTransform | None:
 
 @dataclasses.dataclass(frozen=True)
 class PermutedNoise:
-  """NCR's caption-level protocol without an N-long index (web-scale data, ncjax.data.web_pipeline): the noisy
-  captions are those whose position under an on-demand permutation P of [0, n) (ncjax.data.permutation) is below
+  """NCR's caption-level protocol without an N-long index (web-scale data, ncjax.data.web.pipeline): the noisy
+  captions are those whose position under an on-demand permutation P of [0, n) (ncjax.data.web.permutation) is below
   m = floor(ratio * n), and they exchange their images among themselves through a second permutation Q of [0, m):
   caption i with P(i) = r < m takes the image of pair P^-1(Q(r)) — the same distribution as `make_noisy_index`
   (a uniformly random subset of floor(ratio * n) captions, its images permuted uniformly, a few keeping their own)
@@ -219,7 +219,7 @@ class PermutedNoise:
 
   @functools.cached_property
   def _perms(self):
-    from ncjax.data.permutation import Permutation
+    from ncjax.data.web.permutation import Permutation
     m = self.num_noisy
     return Permutation(self.n, self.seed, self.TAG), (Permutation(m, self.seed, self.TAG, 1) if m else None)
 
@@ -244,7 +244,7 @@ class PermutedNoise:
   @property
   def sha256(self) -> str:
     """What the noise is (no index to hash): the protocol, its parameters and the permutation's version."""
-    from ncjax.data.permutation import ROUNDS
+    from ncjax.data.web.permutation import ROUNDS
     spec = f"permuted-caption-noise:v1:rounds={ROUNDS}:n={self.n}:ratio={self.ratio!r}:seed={self.seed}:" \
            f"derangement={bool(self.derangement)}"
     return hashlib.sha256(spec.encode()).hexdigest()
@@ -272,7 +272,7 @@ def _block_partners(n: int, ratio: float, seed: int, block: int, derangement: bo
 @dataclasses.dataclass(frozen=True)
 class BlockNoise:
   """NCR's caption-level protocol inside blocks of `block` consecutive ids — the noise of web data read in blocks
-  (input.web.read='block', ncjax.data.web_pipeline), where a caption's partner image comes from its own block, which
+  (input.web.read='block', ncjax.data.web.pipeline), where a caption's partner image comes from its own block, which
   the reader fetches whole anyway: no request per noisy pair. Block b = ids [b K, min((b + 1) K, n)) gets
   floor(r (b K + m)) - floor(r b K) noisy captions (m its length: exactly floor(r n) over the dataset, 25 or 26 of 64
   at r = 0.4), chosen by a permutation drawn from (seed, b), their images permuted among themselves (a few keep

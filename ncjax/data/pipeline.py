@@ -29,7 +29,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ncjax import errors
-from ncjax.data import preprocess, readers, streams
+from ncjax.data import preprocess, streams
+from ncjax.data.tables import readers
 from ncjax.data.noise import NoisyIndex
 from ncjax.data.types import PairSplit
 

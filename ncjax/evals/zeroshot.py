@@ -36,7 +36,7 @@ def _read_list_file(path: str, what: str, dataset: str = ""):
   if isinstance(data, list):
     return tuple(data)
   if isinstance(data, dict):
-    from ncjax.data.classification import TFDS_TO_CLIP_BENCHMARK
+    from ncjax.data.tables.classification import TFDS_TO_CLIP_BENCHMARK
     base = dataset.split(":", 1)[-1].split("/")[0]
     for key in (dataset, base, TFDS_TO_CLIP_BENCHMARK.get(base, "")):
       if key and key in data and isinstance(data[key], list):
@@ -56,7 +56,7 @@ def templates_for(name: str, dataset: str = ""):
   imagenet80 otherwise), a CLIP_benchmark dataset key ('cifar100', 'imagenet1k', 'pets', ...: its prompts), or a
   file: .txt (one template per line), JSON list, JSON {class name: [prompts]} (class-specific, CuPL-style) or JSON
   {dataset: [templates]} (CLIP_benchmark's layout). Templates hold '{}' or CLIP_benchmark's '{c}'."""
-  from ncjax.data.classification import zeroshot_templates
+  from ncjax.data.tables.classification import zeroshot_templates
   if name == "auto":
     base = dataset.split(":", 1)[-1].split("/")[0]
     if base in ("digits", "scenes"):
@@ -64,13 +64,13 @@ def templates_for(name: str, dataset: str = ""):
     else:
       return zeroshot_templates(base) or _builtin_templates()["imagenet80"]
   if name == "digits":
-    from ncjax.data.digits import ZEROSHOT_TEMPLATES
+    from ncjax.data.embedded.digits import ZEROSHOT_TEMPLATES
     return ZEROSHOT_TEMPLATES
   if name == "scenes":
-    from ncjax.data.scenes import ZEROSHOT_TEMPLATES
+    from ncjax.data.embedded.scenes import ZEROSHOT_TEMPLATES
     return ZEROSHOT_TEMPLATES
   if name == "digits_plain":
-    from ncjax.data.digits import PLAIN_TEMPLATES
+    from ncjax.data.embedded.digits import PLAIN_TEMPLATES
     return PLAIN_TEMPLATES
   builtin = _builtin_templates()
   if name in builtin:
@@ -100,7 +100,7 @@ def class_names_for(spec: str, dataset: str, own) -> tuple[str, ...]:
   if os.path.isfile(spec):
     names = _read_list_file(spec, "class names", dataset)
   else:
-    from ncjax.data.classification import curated_class_names
+    from ncjax.data.tables.classification import curated_class_names
     names = curated_class_names(spec)
     if names is None:
       raise ValueError(f"classnames={spec!r} is neither a file nor a dataset with CLIP_benchmark's curated names")

@@ -20,7 +20,7 @@ SIZES: dict[str, dict] = {
     # tiny's 2-block image tower reaches 89-90% zero-shot and a linear probe of 95%; 4 blocks reach 93-95% zero-shot.
     "tiny_deep": dict(embed_dim=64, image=dict(image_size=16, patch_size=4, width=64, depth=4, heads=2),
                       text=dict(width=64, depth=2, heads=2, context_length=16, vocab_size=None)),
-    # tiny_deep on the embedded scenes (ncjax/data/scenes.py): 24 px scenes in 16 patches of 6 px, a context of 40 word
+    # tiny_deep on the embedded scenes (ncjax/data/embedded/scenes.py): 24 px scenes in 16 patches of 6 px, a context of 40 word
     # tokens, which holds every scenes caption (at most 30 words) with NCU's 8 prompt tokens and the end-of-text token.
     "tiny_scenes": dict(embed_dim=64, image=dict(image_size=24, patch_size=6, width=64, depth=4, heads=2),
                         text=dict(width=64, depth=2, heads=2, context_length=40, vocab_size=None)),

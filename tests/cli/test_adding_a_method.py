@@ -38,7 +38,8 @@ def test_a_plugin_method_trains_through_the_cli_with_periodic_and_final_evaluati
   from sklearn.metrics import roc_auc_score
   from helpers import load_config
   from ncjax import checkpoint as ckpt_lib
-  from ncjax.data import digits, noise
+  from ncjax.data import noise
+  from ncjax.data.embedded import digits
   cfg = load_config("clip", "noise=0.4")
   split = digits.load("train")
   clean = noise.make_noisy_index(split.caption_to_image, cfg.noise.ratio, cfg.noise.seed).clean

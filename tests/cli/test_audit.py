@@ -97,7 +97,7 @@ def test_audit_ranks_every_pair_by_the_runs_scores_or_by_similarity(gsc_run, tmp
 
 def _table(root):
   """12 pairs of digits images and captions, three of them with another image's caption (clean=0)."""
-  from ncjax.data import digits
+  from ncjax.data.embedded import digits
   split = digits.load("test", image_size=16)
   img = ((split.images[..., 0] * 0.5 + 0.5) * 255).clip(0, 255).astype(np.uint8)
   root.mkdir(parents=True)

@@ -55,7 +55,7 @@ def test_bad_inputs_end_in_one_clear_line_with_the_exit_status_of_their_kind(tmp
   import numpy as np
   np.save(tmp_path / "short_noise.npy", np.arange(7))
   (tmp_path / "garbage.pt").write_bytes(bytes(range(256)) * 3)
-  from ncjax.data import web_synthetic
+  from ncjax.data.web import synthetic as web_synthetic
   web_synthetic.write_img2dataset(str(tmp_path / "web"), 64, per_shard=32, image_size=8, pool=2)
   run = ["train", "--cpu_devices=8"]
   cases = {   # name: (args, extra env, exit status, words the line must hold)

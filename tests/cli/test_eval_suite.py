@@ -14,7 +14,7 @@ from PIL import Image
 
 from helpers import ROOT, tiny_clip_config
 from ncjax import eval_suite, train
-from ncjax.data import digits
+from ncjax.data.embedded import digits
 
 
 def _data(root):

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 import data_fixtures as fx
-from ncjax.data import readers, sources, tfds_builders
+from ncjax.data.tables import readers
+from ncjax.data.tables import sources
+from ncjax.data.tables import builders as tfds_builders
 
 
 def _no_tensorflow():
@@ -51,7 +53,7 @@ def test_precomp_builders_ncr_and_cc152k_layouts(built):
 
 
 def test_digits_builder_matches_the_in_memory_dataset(built):
-  from ncjax.data import digits
+  from ncjax.data.embedded import digits
   sp = sources.load_tfds_split("tfds:digits", built["data_dir"], "test")
   mem = digits.load("test")
   assert sp.captions == mem.captions
@@ -97,7 +99,7 @@ def test_table_with_labels_clean_flags_and_a_held_out_split(tmp_path):
   # The README's own-data build, every documented flag, in its own process.
   import subprocess
   import sys
-  from ncjax.data import tfds_builders
+  from ncjax.data.tables import builders as tfds_builders
   from ncjax.data.pipeline import TrainData
   rows = fx.write_labelled_table(str(tmp_path / "pairs"))
   proc = subprocess.run([sys.executable, "-m", "ncjax.data.build", "--dataset=web_pairs/custom_table",
@@ -128,7 +130,7 @@ def test_table_with_labels_clean_flags_and_a_held_out_split(tmp_path):
 
 
 def test_webdataset_json_labels_clean_flags_and_held_out_split(tmp_path):
-  from ncjax.data import tfds_builders
+  from ncjax.data.tables import builders as tfds_builders
   fx.write_webdataset(str(tmp_path / "wds"))
   tfds_builders.build_table("custom", str(tmp_path / "wds"), str(tmp_path / "tfds"), label_column="label",
                             clean_column="clean", holdout=0.3)

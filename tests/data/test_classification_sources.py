@@ -9,7 +9,8 @@ import pytest
 
 import data_fixtures as fx
 from ncjax import data as data_lib
-from ncjax.data import classification, readers
+from ncjax.data.tables import classification
+from ncjax.data.tables import readers
 from ncjax.evals import zeroshot
 
 

@@ -6,7 +6,8 @@ import jax
 import pytest
 
 from helpers import make_config
-from ncjax.data import concepts, digits
+from ncjax.data import concepts
+from ncjax.data.embedded import digits
 from ncjax.sharding import make_mesh
 from ncjax.tokenizers import WordTokenizer
 

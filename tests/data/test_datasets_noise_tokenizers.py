@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ncjax.data import digits
+from ncjax.data.embedded import digits
 from ncjax.data.noise import load_noise_file, make_noisy_index
 from ncjax.tokenizers import WordTokenizer, tokenizer_from_json
 

@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ncjax.data import classification, preprocess, readers, sources
+from ncjax.data import preprocess
+from ncjax.data.tables import classification
+from ncjax.data.tables import readers
+from ncjax.data.tables import sources
 
 
 def _folder(root, n=24, size=(40, 30)):

@@ -9,7 +9,9 @@ from PIL import Image
 
 from helpers import tiny_clip_config
 
-from ncjax.data import concepts, digits, noise, preprocess, sources, streams
+from ncjax.data import concepts, noise, preprocess, streams
+from ncjax.data.embedded import digits
+from ncjax.data.tables import sources
 from ncjax.data.pipeline import BadRecordError, TrainData
 from ncjax.sharding import make_mesh
 from ncjax.tokenizers import WordTokenizer

@@ -3,7 +3,7 @@ prompt and the end-of-text token fit the context, with a clean held-out split an
 
 import numpy as np
 
-from ncjax.data import scenes
+from ncjax.data.embedded import scenes
 
 
 def _content(desc):

@@ -1,7 +1,7 @@
-"""Web-scale data (ncjax.data.web, permutation, mixture, web_pipeline): img2dataset output read streamed and indexed
+"""Web-scale data (ncjax.data.web.dataset, permutation, mixture, web_pipeline): img2dataset output read streamed and indexed
 with the same example ids, on-demand permutations and noise, exact resume, process slices, bad records, mixtures,
 the parallel build. The fixture is a 20k-pair tar + parquet dataset of 8-px JPEGs (tests/README: synthetic, written
-by ncjax.data.web_synthetic)."""
+by ncjax.data.web.synthetic)."""
 
 import json
 import os
@@ -9,9 +9,15 @@ import os
 import numpy as np
 import pytest
 
-from ncjax.data import build, mixture, web, web_decode, web_index, web_pipeline, web_synthetic
+from ncjax.data import build
+from ncjax.data.web import mixture
+from ncjax.data.web import dataset as web
+from ncjax.data.web import decode as web_decode
+from ncjax.data.web import index as web_index
+from ncjax.data.web import pipeline as web_pipeline
+from ncjax.data.web import synthetic as web_synthetic
 from ncjax.data.noise import PermutedNoise, make_noisy_index
-from ncjax.data.permutation import Permutation
+from ncjax.data.web.permutation import Permutation
 from ncjax.data.pipeline import BadRecordError
 from ncjax.tokenizers import WordTokenizer
 

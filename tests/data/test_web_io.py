@@ -1,4 +1,4 @@
-"""How web data is read (ncjax.data.store, web_index, mixture, web_pipeline, web_decode), on local disk: the block
+"""How web data is read (ncjax.data.web.store, web_index, mixture, web_pipeline, web_decode), on local disk: the block
 order and its noise, block reads (every pair once per epoch, disjoint process shares, resume mid-window, requests per
 pair), streamed epochs that partition the pairs over 2-4 processes when shard sizes differ, resumes refused when the
 order would change, an index that knows what it indexed (a replaced, deleted or added shard; two merges at once),
@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 
 from ncjax import fileio
-from ncjax.data import mixture, store, streams, web, web_decode, web_index, web_pipeline, web_synthetic
+from ncjax.data import streams
+from ncjax.data.web import mixture
+from ncjax.data.web import store
+from ncjax.data.web import dataset as web
+from ncjax.data.web import decode as web_decode
+from ncjax.data.web import index as web_index
+from ncjax.data.web import pipeline as web_pipeline
+from ncjax.data.web import synthetic as web_synthetic
 from ncjax.data.noise import BlockNoise, PermutedNoise
 from ncjax.tokenizers import WordTokenizer
 

@@ -98,7 +98,7 @@ def test_auc_matches_sklearn_and_precision_recall():
 
 
 def test_linear_probe_jax_matches_sklearn_on_digits():
-  from ncjax.data import digits
+  from ncjax.data.embedded import digits
   from ncjax.evals import linear_probe as lp
   tr, te = digits.load("train", image_size=8), digits.load("test", image_size=8)
   xtr = tr.images[..., 0].reshape(len(tr.images), -1)

@@ -19,7 +19,8 @@ TINY = {"model.region.feature_dim": 64, "model.region.word_dim": 8, "model.regio
 def ncr_precomp(tmp_path_factory):
   """The synthetic region data written in NCR's layout ({split}_ims.npy, {split}_caps.txt, 5 captions per image)
   and built with the precomp builder, as a user's F30K precomp directory would be."""
-  from ncjax.data import precomp_synthetic, tfds_builders
+  from ncjax.data.embedded import precomp_synthetic
+  from ncjax.data.tables import builders as tfds_builders
   root = tmp_path_factory.mktemp("ncr")
   precomp_synthetic.write_ncr_layout(str(root / "f30k_precomp"), dict(train=8, dev=4, test=4))
   assert sorted(os.listdir(root / "f30k_precomp")) == ["dev_caps.txt", "dev_ims.npy", "test_caps.txt",
@@ -104,7 +105,8 @@ def test_disncl_reconstructed_pieces_are_options_with_finite_gradients():
 def test_ncr_vocabulary_file_is_kept_by_the_build_and_used_by_the_word_tokenizer(tmp_path):
   # NCR ships {data}_precomp_vocab.json (word2idx / idx2word, count >= 4 over train + dev): a run on the built
   # dataset tokenises with it, in its order, after ncjax's special tokens; without it the captions are counted.
-  from ncjax.data import precomp_synthetic, tfds_builders
+  from ncjax.data.embedded import precomp_synthetic
+  from ncjax.data.tables import builders as tfds_builders
   from ncjax.experiment import build_experiment
   manual = tmp_path / "f30k_precomp"
   precomp_synthetic.write_ncr_layout(str(manual), dict(train=8, dev=4, test=4))

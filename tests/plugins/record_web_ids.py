@@ -6,7 +6,7 @@ import os
 
 import jax
 
-from ncjax.data import web_pipeline
+from ncjax.data.web import pipeline as web_pipeline
 
 _assemble = web_pipeline.WebTrainData.assemble
 

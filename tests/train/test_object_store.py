@@ -37,7 +37,7 @@ def _steps(workdir: str) -> list[int]:
 
 
 def _run_local(tmp_path):
-  from ncjax.data import tfds_builders
+  from ncjax.data.tables import builders as tfds_builders
   data, workdir = str(tmp_path / "tfds"), str(tmp_path / "local_run")
   tfds_builders.build("digits", None, None, data)
   codes = multiprocess.run(_args(data, workdir), processes=1, devices=8, log_dir=str(tmp_path / "local_logs"))
@@ -64,7 +64,7 @@ def _assert_same_run(local: str, remote: str):
 def test_a_gcs_run_sigkilled_and_resumed_equals_the_same_run_on_local_disk(tmp_path):
   local = _run_local(tmp_path)
   with GCSServer() as server:
-    from ncjax.data import tfds_builders
+    from ncjax.data.tables import builders as tfds_builders
     data, workdir = server.path("tfds"), server.path("run")
     tfds_builders.build("digits", None, None, data)     # built locally, uploaded (tfds writes local files)
     logs = str(tmp_path / "gcs_logs")

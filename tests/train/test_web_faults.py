@@ -21,7 +21,10 @@ from gcs_server import GCSServer  # noqa: E402
 from latency_proxy import LatencyProxy  # noqa: E402
 from helpers import ROOT, assert_trees_equal, tiny_clip_config  # noqa: E402
 from ncjax import fileio, train  # noqa: E402
-from ncjax.data import store, web, web_index, web_synthetic  # noqa: E402
+from ncjax.data import web_synthetic  # noqa: E402
+from ncjax.data.web import store
+from ncjax.data.web import dataset as web
+from ncjax.data.web import index as web_index
 
 SIZES = [90, 150, 70, 130, 110, 80]     # 630 pairs in unequal shards
 STEPS = 24
@@ -216,7 +219,7 @@ def test_two_processes_train_on_gcs_web_data_read_in_blocks(tmp_path):
     run(str(tmp_path / "two"), str(tmp_path / "ids"), 2, server, root)
     parts = [ids(str(tmp_path / "ids"), p) for p in range(2)]
     assert sorted(parts[0]) == sorted(parts[1]) == list(range(8))
-    from ncjax.data import web_pipeline
+    from ncjax.data.web import pipeline as web_pipeline
     ds = web.open_dataset(root, cache_dir=str(tmp_path / "cache"))
     simulated = [web_pipeline.WebTrainData([ds], None, 32, 0, None, read="block", block=16, shuffle_pairs=64,
                                            process_index=p, process_count=2) for p in range(2)]

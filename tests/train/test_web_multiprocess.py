@@ -15,7 +15,9 @@ import pytest
 
 from helpers import ROOT
 import multiprocess
-from ncjax.data import web, web_index, web_synthetic
+from ncjax.data.web import dataset as web
+from ncjax.data.web import index as web_index
+from ncjax.data.web import synthetic as web_synthetic
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 

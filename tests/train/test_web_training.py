@@ -7,7 +7,10 @@ import pytest
 
 from helpers import tiny_clip_config
 from ncjax import train
-from ncjax.data import web, web_decode, web_index, web_synthetic
+from ncjax.data.web import dataset as web
+from ncjax.data.web import decode as web_decode
+from ncjax.data.web import index as web_index
+from ncjax.data.web import synthetic as web_synthetic
 
 
 @pytest.fixture(scope="module")

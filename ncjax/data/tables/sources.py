@@ -9,7 +9,9 @@ import os
 import numpy as np
 
 from ncjax import fileio
-from ncjax.data import preprocess, readers, tfds_builders
+from ncjax.data import preprocess
+from ncjax.data.tables import readers
+from ncjax.data.tables import builders as tfds_builders
 from ncjax.data.types import PairSplit
 
 
@@ -179,7 +181,7 @@ def load_tfds_split(dataset: str, data_dir: str, split: str) -> PairSplit:
   images = RecordImages(ds, index[f"{split}/positions"], kind, f"{name}/{split}")
   labels = class_names = pair_clean = None
   if name == "digits":
-    from ncjax.data.digits import CLASS_NAMES
+    from ncjax.data.embedded.digits import CLASS_NAMES
     labels = np.asarray([int(images.field(i, "label")) for i in range(len(images))])
     class_names = CLASS_NAMES
   elif f"{split}/labels" in index.files:    # a table's label column (web_pairs/custom_table --label_column)

@@ -27,7 +27,7 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from ncjax.data import readers
+from ncjax.data.tables import readers
 
 _BYTES = dict(shape=(), dtype=np.object_)
 INDEX_FILE = "ncjax_index.npz"
@@ -267,7 +267,7 @@ class Digits(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, split):
     from PIL import Image
-    from ncjax.data import digits
+    from ncjax.data.embedded import digits
     raw, _ = digits._raw()
     sp = digits.load(split, image_size=8)
     rows = sp.image_ids

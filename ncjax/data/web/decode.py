@@ -3,7 +3,7 @@ worker processes, so that a host's input rate grows with its cores.
 
 An example arrives as an `ExampleSpec` (its caption, the image bytes it is shown with, the seed of its crop, its
 flags) and leaves as (float32 image, int32 tokens), or as the reason it is a bad record (an image that does not
-decode, an empty caption). Nothing here reads files or knows the order: ncjax.data.web_pipeline fetched the bytes.
+decode, an empty caption). Nothing here reads files or knows the order: ncjax.data.web.pipeline fetched the bytes.
 
 Two decoders, the same results bitwise (tests/data/test_web_decode.py):
 * `ThreadDecoder` (input.web.workers=0): a thread pool in the training process. Pillow and simplejpeg release the
@@ -323,6 +323,6 @@ def usable_workers(requested: int) -> int:
   """input.web.workers: -1 -> one per usable core (at least 1), else the number asked."""
   if requested is None or int(requested) >= 0:
     return int(requested or 0)
-  from ncjax.data.sources import usable_cores
+  from ncjax.data.tables.sources import usable_cores
   return max(1, usable_cores())
 

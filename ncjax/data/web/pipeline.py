@@ -4,13 +4,13 @@ with host memory per process independent of the dataset size, read at the rate a
 an object store.
 
 Datasets. `web:ROOT[::ROOT2::...]` (open_clip's `--train-data 'a::b'`), each an img2dataset webdataset output
-(ncjax.data.web); with several, `input.web.weights='w1::w2'` (open_clip's --train-data-upsampling-factors: relative
+(ncjax.data.web.dataset); with several, `input.web.weights='w1::w2'` (open_clip's --train-data-upsampling-factors: relative
 weights, default each dataset's size) sets the mixture. Dataset d's pair j has the global id offsets[d] + j with its
-id j as ncjax.data.web defines it (shard order, then tar order): the same in every mode below.
+id j as ncjax.data.web.dataset defines it (shard order, then tar order): the same in every mode below.
 
 Modes (`input.web.mode`) and, indexed, how the index is read (`input.web.read`):
 * 'index' + read 'pair' (the default on local disk): a global shuffle per epoch of each dataset (an on-demand
-  permutation), the global batch of step s being positions [s B, (s + 1) B) of ncjax.data.mixture's stream 0 — the
+  permutation), the global batch of step s being positions [s B, (s + 1) B) of ncjax.data.web.mixture's stream 0 — the
   same for any process count; process p reads its contiguous part, one ranged read per pair, all of a step's reads
   (and the next steps') in flight at once. Injected noise (`noise.PermutedNoise`) shows a caption with any other
   pair's image: one more read per noisy pair, in the same flight.
@@ -23,7 +23,7 @@ Modes (`input.web.mode`) and, indexed, how the index is read (`input.web.read`):
   a batch holds on average K b / (G b) = K / G pairs of one block (64 / 16 = 4 at the defaults with b = 256).
   Requests per pair: 1 / K (plus two per window at the share's edges). The order depends on the process count.
   Injected noise is `noise.BlockNoise`: a caption's partner image comes from its own block, which is read anyway.
-* 'stream': nothing built; process p streams its own share of each epoch (ncjax.data.mixture: an exact partition of
+* 'stream': nothing built; process p streams its own share of each epoch (ncjax.data.web.mixture: an exact partition of
   the epoch's shard list by sample counts, every pair read once per epoch over the processes) through windows of
   `input.web.window` shard segments read interleaved and a shuffle buffer of `input.web.buffer` pairs. Injected
   static noise needs an index; `in_batch_resample` works in every mode.
@@ -33,12 +33,12 @@ An epoch is sum N_d // B steps (with a mixture, `num_epochs` counts passes over 
 weights).
 
 Pipeline, three stages connected by bounded queues: a fetch thread submits the ranged reads of the next units (a
-step, or a window) to ncjax.data.store.RangeReader — `input.web.max_inflight` requests at once — and turns the bytes
+step, or a window) to ncjax.data.web.store.RangeReader — `input.web.max_inflight` requests at once — and turns the bytes
 into `ExampleSpec`s (tar members parsed, the noise partner looked up per batch); a decode thread hands each step's
-specs to the decoder (ncjax.data.web_decode: `input.num_threads` threads, or `input.web.workers` processes writing
+specs to the decoder (ncjax.data.web.decode: `input.num_threads` threads, or `input.web.workers` processes writing
 into shared memory) and assembles the host batch; the training loop takes finished batches, `input.prefetch` ahead.
 
-Faults (ncjax.data.store). A fault of the store is retried with backoff for `input.web.io_deadline_s` seconds, then
+Faults (ncjax.data.web.store). A fault of the store is retried with backoff for `input.web.io_deadline_s` seconds, then
 stops the run with one line (its last checkpoint intact); a missing or changed shard is one error naming it. Only a
 record's own content (a sample missing from a cut tar, an image that does not decode, an empty or non-UTF-8
 caption) makes a bad record: it is counted in `input/skipped_records`, and its slot takes the next usable pair of
@@ -62,9 +62,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ncjax import errors
 from ncjax import fileio
-from ncjax.data import mixture as mix_lib
-from ncjax.data import store, web, web_decode, web_stages
-from ncjax.data.web_stages import Unit
+from ncjax.data.web import mixture as mix_lib
+from ncjax.data.web import store
+from ncjax.data.web import dataset as web
+from ncjax.data.web import decode as web_decode
+from ncjax.data.web import stages as web_stages
+from ncjax.data.web.stages import Unit
 from ncjax.data.noise import BlockNoise, PermutedNoise, permuted_noise_from_config
 from ncjax.data.pipeline import HOST_ONLY_PREFIX, BadRecordError, batch_axes, check_batch_divisible
 
@@ -579,7 +582,7 @@ class WebTrainData:
 
   def host_batches(self, start_step: int, stop_step: int):
     """This process's host batches for steps [start_step, stop_step): the reads of the next units in flight, each
-    step's examples made by the decoder, `prefetch` batches ahead (ncjax.data.web_stages)."""
+    step's examples made by the decoder, `prefetch` batches ahead (ncjax.data.web.stages)."""
     reader = store.RangeReader(self.policy, max_inflight=self.max_inflight, local_threads=min(64, self.max_inflight))
     decoder, context = self._decoder()
 

@@ -9,14 +9,14 @@ and the composition is exact (k_d / block) and recorded with every checkpoint.
 
 Indexed order (stream 0 over the global position step * B + j, the same for any process count): dataset d's
 q-th pair is pair `perm_{d,e}(q mod N_d)` of epoch e = q // N_d, perm an on-demand permutation
-(ncjax.data.permutation) drawn from (seed, d, e): a global shuffle per epoch of each dataset, in O(1) memory. A
+(ncjax.data.web.permutation) drawn from (seed, d, e): a global shuffle per epoch of each dataset, in O(1) memory. A
 dataset whose weight exceeds its share of the pairs simply runs through more of its own epochs (upsampling).
 
 Block order (index mode read in blocks, stream 0 like the indexed order): dataset d's pairs are cut into blocks of
 `block` consecutive ids (the last one shorter); epoch e lists the blocks in the order of an on-demand permutation
 drawn from (seed, d, e), and its pairs are the blocks' pairs in that order, so dataset d's q-th pair is a pure
 function of q and every epoch is still a permutation of the dataset. The web reader then reads a run of consecutive
-positions with one ranged request per block, and shuffles a window of them (ncjax.data.web_pipeline).
+positions with one ranged request per block, and shuffles a window of them (ncjax.data.web.pipeline).
 
 Streamed order (stream 1 + p over process p's own position step * b + j): process p reads its own samples only.
 Epoch e of dataset d lists its shards in the order of a permutation drawn from (seed, d, e); the samples of that
@@ -36,7 +36,7 @@ import functools
 
 import numpy as np
 
-from ncjax.data.permutation import Permutation
+from ncjax.data.web.permutation import Permutation
 
 MIX = 0x6D697820       # 'mix '
 SHARDS = 0x73686472    # 'shdr'

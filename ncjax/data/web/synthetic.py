@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from ncjax import fileio
-from ncjax.data import web
+from ncjax.data.web import dataset as web
 
 WORDS = tuple(
     "a the of on in with and at to photo picture image view man woman dog cat car tree house street city beach "

@@ -14,16 +14,16 @@ keyed by them. A shard whose tar holds fewer samples than its metadata says (tru
 the missing samples: they read as bad records (skipped and counted, or raised); extra samples beyond the
 metadata's count are ignored.
 
-Two ways to read (ncjax.data.web_pipeline):
-* streamed: nothing to build; shards are read front to back during training (see ncjax.data.mixture for the order).
+Two ways to read (ncjax.data.web.pipeline):
+* streamed: nothing to build; shards are read front to back during training (see ncjax.data.web.mixture for the order).
 * indexed: `python -m ncjax.data.build --dataset=web --manual_dir=ROOT` scans every shard once and writes the
-  byte offset of every sample (ncjax.data.web_index); training reads runs of consecutive samples, or single ones,
-  with ranged reads (ncjax.data.store), in an order from on-demand permutations. The images stay where they are: no
+  byte offset of every sample (ncjax.data.web.index); training reads runs of consecutive samples, or single ones,
+  with ranged reads (ncjax.data.web.store), in an order from on-demand permutations. The images stay where they are: no
   copy of the dataset.
 
 Faults: a fault of the store (unreachable, overloaded) is retried and then stops the run; a missing or changed
 shard is one error naming it; only a record's own content (a cut member, an undecodable image, an empty or
-non-UTF-8 caption) makes a bad record, skipped and counted (ncjax.data.store).
+non-UTF-8 caption) makes a bad record, skipped and counted (ncjax.data.web.store).
 
 Nothing here holds an N-sized Python object: counts and offsets are numpy arrays (S-long in memory, N-long
 memory-mapped).
@@ -40,14 +40,16 @@ import time
 import numpy as np
 
 from ncjax import fileio
-from ncjax.data import readers, store, web_index
+from ncjax.data.tables import readers
+from ncjax.data.web import store
+from ncjax.data.web import index as web_index
 
 log = logging.getLogger("ncjax")
 
 # The tar layer and the index, under the names this module always had (readers of a web dataset import them here)
-from ncjax.data.web_index import (INDEX_DIRNAME, _stem, list_shards, metadata_count,  # noqa: E402,F401
+from ncjax.data.web.index import (INDEX_DIRNAME, _stem, list_shards, metadata_count,  # noqa: E402,F401
                                   metadata_counts)
-from ncjax.data.web_tar import (BLOCK, IMAGE_EXTENSIONS, CorruptShard, Sample, iter_members,  # noqa: E402,F401
+from ncjax.data.web.tar import (BLOCK, IMAGE_EXTENSIONS, CorruptShard, Sample, iter_members,  # noqa: E402,F401
                                 iter_samples, make_sample, split_key, tar_end, tar_member, write_parquet)
 
 
@@ -78,11 +80,11 @@ class WebDataset:
   shards: list[str]
   counts: np.ndarray                    # int64 (S,)
   name: str = ""
-  index: "object | None" = None         # ncjax.data.web_index.WebIndex
+  index: "object | None" = None         # ncjax.data.web.index.WebIndex
   caption_key: str = "caption"
   clean_key: str = ""
   versions: list = dataclasses.field(default_factory=list)
-  policy: "object | None" = None        # ncjax.data.store.RetryPolicy
+  policy: "object | None" = None        # ncjax.data.web.store.RetryPolicy
 
   def __post_init__(self):
     self.counts = np.asarray(self.counts, np.int64)

@@ -34,7 +34,7 @@ import struct
 
 import numpy as np
 
-from ncjax.data import readers
+from ncjax.data.tables import readers
 from ncjax.data.types import PairSplit
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")

@@ -34,7 +34,7 @@ import threading
 import time
 
 from ncjax import fileio
-from ncjax.data.readers import DataFormatError
+from ncjax.data.tables.readers import DataFormatError
 
 log = logging.getLogger("ncjax")
 # gcsfs logs every request that ran out of its own retries with a traceback at ERROR; the fault is reported here,

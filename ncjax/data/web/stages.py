@@ -1,4 +1,4 @@
-"""The web reader's three stages, connected by bounded queues (ncjax.data.web_pipeline builds what flows through):
+"""The web reader's three stages, connected by bounded queues (ncjax.data.web.pipeline builds what flows through):
 
   fetch thread   units in order; the ranged reads of the next `readahead` units submitted at once (a store that
                  takes 30 ms per request is kept busy), each unit's bytes turned into its steps' example specs

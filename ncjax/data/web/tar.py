@@ -11,7 +11,7 @@ import io
 import json
 
 from ncjax import fileio
-from ncjax.data import readers
+from ncjax.data.tables import readers
 
 IMAGE_EXTENSIONS = readers.IMAGE_EXTENSIONS
 BLOCK = 512

@@ -14,7 +14,7 @@ carry its size and version: a build that finds a part of another size or version
 refuses parts that do not match the listing, naming them. When a run opens the index, one recursive listing of ROOT
 (pages of 1,000 objects) is compared with the manifest: a missing shard, or one of another size or version, is one
 error naming it — before the first step, never offsets applied to the wrong tar. On an object store the reads are
-also pinned to the indexed generation (ncjax.data.store.Range), so an object replaced during the run is an error on
+also pinned to the indexed generation (ncjax.data.web.store.Range), so an object replaced during the run is an error on
 its next read.
 
 Builds on many hosts (`--num_hosts/--host_index`) write disjoint parts; `--merge` may run on several hosts at once:
@@ -39,7 +39,9 @@ import os
 import numpy as np
 
 from ncjax import fileio
-from ncjax.data import readers, store, web_tar as web
+from ncjax.data.tables import readers
+from ncjax.data.web import store
+from ncjax.data.web import tar as web
 
 log = logging.getLogger("ncjax")
 
@@ -136,7 +138,7 @@ def scan_shard(task) -> dict:
   """One shard's sample offsets (first header byte of each sample), its region end and, with a clean key, the
   clean flags: only headers and the small .json members are read from a local file (images are skipped by
   seeking); an object is read front to back once (one GET when it is small). Transient store faults are retried
-  (ncjax.data.store). task: (path, expected count or None, clean key, deadline s[, size])."""
+  (ncjax.data.web.store). task: (path, expected count or None, clean key, deadline s[, size])."""
   path, expected, clean_key, deadline_s = task[:4]
   size = task[4] if len(task) > 4 else None
   policy = store.RetryPolicy(deadline_s=deadline_s)
@@ -206,7 +208,7 @@ def build_index(root: str, *, index_dir: str = "", workers: int = 0, num_hosts: 
   shard name, size and version is kept, so an interrupted build continues); `merge` (default: on a single host)
   joins the parts into the index files. Returns the manifest when merged. One listing and concurrent reads of the
   shards' metadata: no per-shard round trips before the scan."""
-  from ncjax.data.sources import usable_cores
+  from ncjax.data.tables.sources import usable_cores
   policy = store.RetryPolicy(deadline_s=deadline_s)
   index_dir = index_dir_of(root, index_dir)
   shards = _listing(root, policy)

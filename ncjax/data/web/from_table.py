@@ -1,6 +1,6 @@
 """A CSV / TSV table of (image path, caption) — open_clip's `--csv-img-key filepath --csv-caption-key title` data —
 written as img2dataset's webdataset layout, so that a table of any size trains through the web reader with host
-memory that does not grow with it (ncjax.data.web_pipeline).
+memory that does not grow with it (ncjax.data.web.pipeline).
 
 Why: the table builder (`--dataset=web_pairs/custom_table`, tfds) keeps every caption and several per-pair arrays in
 each training process — about 230 bytes per pair, 2.8 GB per process at 12M pairs (docs/notes/web_data_cpu.md). Up
@@ -25,7 +25,8 @@ import logging
 import os
 
 from ncjax import fileio
-from ncjax.data import readers, web_tar
+from ncjax.data.tables import readers
+from ncjax.data.web import tar as web_tar
 
 log = logging.getLogger("ncjax")
 
