@@ -187,7 +187,7 @@ def test_bf16_compute_stays_within_tolerance(tmp_path):
   import ml_collections
   from flax import nnx
   from ncjax import models
-  cfg = ml_collections.ConfigDict(dict(pretrained._config_defaults(), **{k: v for k, v in conf.items()
+  cfg = ml_collections.ConfigDict(dict(pretrained.loading._config_defaults(), **{k: v for k, v in conf.items()
                                                                         if k != "preprocess"}))
   cfg.dtype = "bfloat16"
   module = models.build_two_tower(models.ModelSpec.from_config(cfg), vocab_size=cfg.vocab_size, eot_id=49407)
