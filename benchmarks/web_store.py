@@ -196,11 +196,11 @@ def _many_shards(server, proxy_cls, root: str, tmp: str, shards: int) -> list[di
     env = dict(server.env, **proxy.env)
     cache = os.path.join(tmp, "shards_cache")
     steps = [("stream start-up (listing + every _stats.json)",
-              f"from ncjax.data import web; ds = web.open_dataset({root!r}, use_index=False); n = ds.num_examples"),
+              f"from ncjax.data.web import dataset as web; ds = web.open_dataset({root!r}, use_index=False); n = ds.num_examples"),
              ("index build, 2 processes (scan + parts + merge)",
-              f"from ncjax.data import web_index; n = web_index.build_index({root!r}, workers=2)['num_examples']"),
+              f"from ncjax.data.web import index as web_index; n = web_index.build_index({root!r}, workers=2)['num_examples']"),
              ("index open (manifest, offsets, listing check)",
-              f"from ncjax.data import web; ds = web.open_dataset({root!r}, cache_dir={cache!r}); n = ds.num_examples")]
+              f"from ncjax.data.web import dataset as web; ds = web.open_dataset({root!r}, cache_dir={cache!r}); n = ds.num_examples")]
     for what, body in steps:
       code = (f"import json, time; t = time.perf_counter(); {body}; "
               f"print('RESULT' + json.dumps(dict(seconds=time.perf_counter() - t, pairs=n)))")

@@ -21,7 +21,7 @@ from gcs_server import GCSServer  # noqa: E402
 from latency_proxy import LatencyProxy  # noqa: E402
 from helpers import ROOT, assert_trees_equal, tiny_clip_config  # noqa: E402
 from ncjax import fileio, train  # noqa: E402
-from ncjax.data import web_synthetic  # noqa: E402
+from ncjax.data.web import synthetic as web_synthetic  # noqa: E402
 from ncjax.data.web import store
 from ncjax.data.web import dataset as web
 from ncjax.data.web import index as web_index
