@@ -21,6 +21,7 @@ from the final model in eval mode (both directions, 8 draws).
 
   .venv/bin/python -m benchmarks.scenes_diagnosis --out=/tmp/scenes_diag [--seeds=0,1,2] [--only=clip60,gsc60]
   .venv/bin/python -m benchmarks.scenes_diagnosis --out=/tmp/scenes_diag --analyse     # curves, tables, plots
+  .venv/bin/python -m benchmarks.scenes_diagnosis --out=/tmp/scenes_diag --report      # tables and plots again
 """
 
 from __future__ import annotations
@@ -110,10 +111,9 @@ def _steps(workdir: str) -> list[int]:
 def _training_pairs(workdir: str):
   """(the run's noisy training pairs as its config rebuilds them, its tokenizer, its resolved config)."""
   from ncjax import evaluation
-  from ncjax.data.pipeline import training_pairs_from_config
+  from ncjax.data.pipeline import training_pairs
   _, _, resolved, _, tokenizer, _ = evaluation.restore_for_eval(workdir, _steps(workdir)[-1])
-  c = resolved.config
-  pairs = training_pairs_from_config(c.input, c.noise, image_size=resolved.model.image_size)
+  pairs = training_pairs(resolved.input, resolved.noise, image_size=resolved.model.image_size)
   return pairs, tokenizer, resolved
 
 
@@ -269,19 +269,120 @@ def analyse(out: str) -> dict:
   return results
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# report: tables and figures over seeds
+# ---------------------------------------------------------------------------------------------------------------
+def _by_run(results: dict) -> dict[str, list[dict]]:
+  runs: dict[str, list[dict]] = {}
+  for name, r in sorted(results.items()):
+    runs.setdefault(name.rsplit("_seed", 1)[0], []).append(r)
+  return runs
+
+
+def _mean_std(values) -> str:
+  v = np.asarray([x for x in values if x is not None], np.float64)
+  if not len(v):
+    return "-"
+  return f"{v.mean():.3f} ± {v.std():.3f}" if abs(v.mean()) < 10 else f"{v.mean():.1f} ± {v.std():.1f}"
+
+
+def _final(r: dict, evaluator: str, key: str):
+  return r["final"].get(evaluator, {}).get(key)
+
+
+def _curve(r: dict, key: str):
+  pts = [(row["epoch"], row[key]) for row in r["curves"] if key in row]
+  return np.asarray(pts, np.float64).reshape(-1, 2)
+
+
+def report(out: str) -> str:
+  """docs-ready markdown (tables over seeds) and scenes_curves.png / scenes_bayes.png beside diagnosis.json."""
+  with open(os.path.join(out, "diagnosis.json")) as f:
+    runs = _by_run(json.load(f))
+  lines = ["| run | seeds | rsum | zero-shot acc1 | noise AUC (final model) | memorised noisy (final) |",
+           "|---|---|---|---|---|---|"]
+  for name, rs in runs.items():
+    mem = [(r["curves"][-1].get("memorised_noisy") if r["curves"] else None) for r in rs]
+    lines.append(f"| {name} | {len(rs)} | {_mean_std(_final(r, 'retrieval', 'rsum') for r in rs)} | "
+                 f"{_mean_std(_final(r, 'zeroshot', 'acc1') for r in rs)} | "
+                 f"{_mean_std(_final(r, 'noise_detection', 'auc') for r in rs)} | {_mean_std(mem)} |")
+  peaks = []
+  for name in ("clip60", "clip20", "gsc60", "gsc60_w0"):
+    for r in runs.get(name, []):
+      c = _curve(r, "auc_cosine")
+      if len(c):
+        k = int(np.argmax(c[:, 1]))
+        peaks.append((name, c[k, 0], c[k, 1], c[-1, 1]))
+  if peaks:
+    lines += ["", "| run | epoch of peak cosine AUC | peak | last |", "|---|---|---|---|"]
+    lines += [f"| {n} | {e:.0f} | {p:.3f} | {last:.3f} |" for n, e, p, last in peaks]
+  bayes = {k: v for k, v in runs.items() if k.startswith("bayes_")}
+  if bayes:
+    lines += ["", "| Bayesian CL weights | rsum | acc1 | AUC of p+ (recorded) | AUC of p+ (eval mode, 8 draws) | "
+              "noisy share of the positive pull |", "|---|---|---|---|---|---|"]
+    for name, rs in {**bayes, "clip20": runs.get("clip20", [])}.items():
+      rec = [r.get("eval_mode_auc", {}).get("recorded") for r in rs]
+      ev = [r.get("eval_mode_auc", {}).get("eval_mode") for r in rs]
+      pull = [r["curves"][-1].get("pull_share_noisy", r["curves"][-1].get("pull_share_noisy_eval"))
+              for r in rs if r["curves"]]
+      lines.append(f"| {name} | {_mean_std(_final(r, 'retrieval', 'rsum') for r in rs)} | "
+                   f"{_mean_std(_final(r, 'zeroshot', 'acc1') for r in rs)} | {_mean_std(rec)} | {_mean_std(ev)} | "
+                   f"{_mean_std(pull)} |")
+  text = "\n".join(lines) + "\n"
+  with open(os.path.join(out, "tables.md"), "w") as f:
+    f.write(text)
+  _figures(out, runs)
+  return text
+
+
+def _figures(out: str, runs: dict) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+  styles = dict(clip60=("CLIP", "tab:gray"), gsc60=("GSC preset (labels from epoch 30)", "tab:red"),
+                gsc60_w0=("GSC, warm-up 0 (public code)", "tab:blue"))
+  for name, (label, color) in styles.items():
+    for k, r in enumerate(runs.get(name, [])):
+      c = _curve(r, "auc_cosine")
+      axes[0].plot(c[:, 0], c[:, 1], color=color, alpha=0.8, label=label if k == 0 else None)
+      m = _curve(r, "memorised_noisy")
+      axes[1].plot(m[:, 0], m[:, 1], color=color, alpha=0.8, label=label if k == 0 else None)
+      if name != "clip60":
+        y = _curve(r, "auc_y")
+        axes[0].plot(y[:, 0], y[:, 1], color=color, ls=":", alpha=0.8, label=f"{label}: labels y" if k == 0 else None)
+      h = np.asarray([(row["epoch"], row.get("retrieval/rsum", np.nan)) for row in r["held_out"]
+                      if "retrieval/rsum" in row], np.float64).reshape(-1, 2)
+      axes[2].plot(h[:, 0], h[:, 1], color=color, marker="o", alpha=0.8, label=label if k == 0 else None)
+  axes[0].set(title="noise detection on the training pairs", xlabel="epoch", ylabel="AUC (clean above noisy)")
+  axes[1].set(title="memorisation", xlabel="epoch", ylabel="noisy captions nearest their wrong image")
+  axes[2].set(title="held-out retrieval", xlabel="epoch", ylabel="rsum")
+  for ax in axes:
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle("scenes, 40% caption noise, tiny_scenes, batch 256 (7 steps an epoch)")
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "scenes_curves.png"), dpi=110)
+  plt.close(fig)
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", required=True)
   p.add_argument("--seeds", default="0")
   p.add_argument("--only", default="")
   p.add_argument("--analyse", action="store_true")
+  p.add_argument("--report", action="store_true", help="tables.md and the figures from diagnosis.json")
   args = p.parse_args(argv)
   from ncjax import runtime
   runtime.configure_cpu_devices(8)
   import absl.logging
   absl.logging.set_verbosity(absl.logging.WARNING)
-  if args.analyse:
+  if args.report:
+    print(report(args.out))
+  elif args.analyse:
     analyse(args.out)
+    print(report(args.out))
   else:
     train_runs(args.out, [int(s) for s in args.seeds.split(",")], set(filter(None, args.only.split(","))))
   return 0

@@ -30,7 +30,7 @@ import numpy as np
 
 from ncjax import config_lib, evaluation, fileio
 from ncjax import data as data_lib
-from ncjax.data.pipeline import TrainingPairs, clean_flags, training_pairs_from_config
+from ncjax.data.pipeline import TrainingPairs, clean_flags, training_pairs
 from ncjax.evals import common, noise as noise_eval
 
 SCORE_KINDS = ("auto", "similarity", "method")
@@ -59,15 +59,10 @@ class AuditResult:
     return noise_eval.roc_auc(self.scores, self.clean)
 
 
-def _pairs_of_dataset(cfg, dataset: str, split: str, data_dir: str, image_size: int) -> TrainingPairs:
+def _pairs_of_dataset(spec, dataset: str, split: str, data_dir: str, image_size: int) -> TrainingPairs:
   """Another dataset's pairs as they are (no injected noise); its own clean column, where it has one, is the truth."""
-  input_cfg = cfg.input.copy_and_resolve_references()
-  with input_cfg.unlocked():
-    input_cfg.dataset = dataset
-    if data_dir:
-      input_cfg.data_dir = data_dir
-  s = data_lib.load_split(input_cfg, split, image_size)
-  return TrainingPairs(s, s.caption_to_image, clean_flags(s, None), None, image_size, input_cfg.normalization)
+  s = data_lib.load_split(spec.on(dataset, data_dir), split, image_size)
+  return TrainingPairs(s, s.caption_to_image, clean_flags(s, None), None, image_size, spec.normalization)
 
 
 def _truth_known(pairs: TrainingPairs) -> bool:
@@ -90,27 +85,21 @@ def score_pairs(*, checkpoint: str = "", step: int | None = None, init: str = ""
       if step is None:
         raise FileNotFoundError(f"{checkpoint} holds no checkpoint (expected {checkpoint}/checkpoints/<step>/)")
     method, state, resolved, _meta, tokenizer, mesh = evaluation.restore_for_eval(checkpoint, step)
-    cfg = resolved.config
     own_data = not dataset
     info = dict(checkpoint=fileio.absolute(checkpoint), step=int(step), method=method.name)
   else:
     config = config if config is not None else config_lib.load_config_file("clip")
     method, state, resolved, tokenizer, mesh = evaluation.restore_pretrained(config, init)
-    cfg = resolved.config
     own_data = False
     info = dict(init=init, method=method.name)
   image_size = resolved.model.image_size
   if dataset:
-    pairs = _pairs_of_dataset(cfg, dataset, split or "train", data_dir, image_size)
+    pairs = _pairs_of_dataset(resolved.input, dataset, split or "train", data_dir, image_size)
   else:
-    input_cfg = cfg.input
-    if split or data_dir:
-      input_cfg = cfg.input.copy_and_resolve_references()
-      with input_cfg.unlocked():
-        input_cfg.split = split or input_cfg.split
-        input_cfg.data_dir = data_dir or input_cfg.data_dir
-      own_data = own_data and not split
-    pairs = training_pairs_from_config(input_cfg, cfg.noise, image_size=image_size)
+    spec = dataclasses.replace(resolved.input, split=split or resolved.input.split,
+                               data_dir=data_dir or resolved.input.data_dir)
+    own_data = own_data and not split
+    pairs = training_pairs(spec, resolved.noise, image_size=image_size)
   eval_model = method.eval_model(state["params"], state.get("method_state") or None)
   n = pairs.num_examples
   kind = score
@@ -125,7 +114,8 @@ def score_pairs(*, checkpoint: str = "", step: int | None = None, init: str = ""
     scores = common.host_values(eval_model.clean_scores[0])[:n].astype(np.float64)
     kind = f"method:{method.name}"
   else:
-    scores = noise_eval.pair_scores(eval_model, pairs, tokenizer, cfg.input.eval_batch_size, mesh).astype(np.float64)
+    scores = noise_eval.pair_scores(eval_model, pairs, tokenizer, resolved.input.eval_batch_size,
+                                    mesh).astype(np.float64)
   order = np.argsort(scores, kind="stable")          # lowest score = most suspicious; ties: lower id first
   clean = np.asarray(pairs.clean, bool) if _truth_known(pairs) else None
   info.update(dataset=pairs.split.name, pairs=int(n), score=kind, noise_sha256=pairs.noise_sha256)

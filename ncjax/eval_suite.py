@@ -32,7 +32,7 @@ import re
 import jax
 import numpy as np
 
-from ncjax import config_lib, evals, evaluation, fileio
+from ncjax import config_lib, evals, evaluation, experiment, fileio
 
 TASKS = ("zeroshot", "retrieval", "linear_probe")
 MAIN_METRIC = {"zeroshot": "acc1", "retrieval": "rsum", "linear_probe": "lp_acc1"}
@@ -224,16 +224,12 @@ class _SplitInfo:
   def __init__(self):
     self.cache = {}
 
-  def __call__(self, entry: SuiteEntry, input_cfg, image_size: int):
-    key = (entry.resolved_dataset, entry.split, entry.data_dir or input_cfg.data_dir)
+  def __call__(self, entry: SuiteEntry, spec, image_size: int):
+    key = (entry.resolved_dataset, entry.split, entry.data_dir or spec.data_dir)
     if key not in self.cache:
       from ncjax import data as data_lib
-      cfg = input_cfg.copy_and_resolve_references()
-      with cfg.unlocked():
-        cfg.dataset = entry.resolved_dataset
-        if entry.data_dir:
-          cfg.data_dir = entry.data_dir
-      self.cache[key] = data_lib.load_split(cfg, entry.split, image_size)
+      self.cache[key] = data_lib.load_split(spec.on(entry.resolved_dataset, entry.data_dir), entry.split,
+                                            image_size)
     return self.cache[key]
 
 
@@ -268,9 +264,10 @@ def run_suite(entries: list[SuiteEntry], models: list[Model], output: str, *, co
     base = (evaluation.fit_to_devices(config, len(jax.devices())) if model.workdir and config is not None
             else resolved.config)
     cfg = _eval_config(base, workers, decode)
+    input_spec = experiment.input_spec(cfg.input)
     plan = {}
     for i, (entry, slug) in enumerate(zip(entries, slugs)):
-      tasks = [t for t in entry_tasks(entry, splits(entry, cfg.input, resolved.model.image_size))
+      tasks = [t for t in entry_tasks(entry, splits(entry, input_spec, resolved.model.image_size))
                if t not in done_tasks[i]]
       if tasks:
         plan[i] = evaluator_configs(entry, slug, tasks)

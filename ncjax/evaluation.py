@@ -20,7 +20,7 @@ import jax
 from ncjax import checkpoint as ckpt_lib
 from ncjax import config_lib, evals, experiment, fileio, tokenizers
 from ncjax import sharding as shard_lib
-from ncjax.data.pipeline import training_pairs_from_config
+from ncjax.data.pipeline import training_pairs
 
 log = logging.getLogger("ncjax")
 
@@ -31,7 +31,8 @@ class Evaluation:
   def __init__(self, config, *, model_spec, tokenizer, mesh, method, pairs=None, out_dir: str | None = None,
                info: dict | None = None):
     self.config, self.method, self.out_dir, self.info = config, method, out_dir, dict(info or {})
-    self.context = evals.EvalContext(config, tokenizer, mesh, model_spec, pairs=pairs, method_name=method.name,
+    self.context = evals.EvalContext(experiment.input_spec(config.input), tokenizer, mesh, model_spec, pairs=pairs,
+                                     method_name=method.name,
                                      plot_dir=out_dir if jax.process_index() == 0 else None)
     self.evaluators = evals.build_evaluators(config.evals, self.context)
 
@@ -171,7 +172,7 @@ def evaluate_checkpoint(config, workdir: str, step: int):
   method, state, resolved, meta, tokenizer, mesh = restore_for_eval(workdir, step)
   own = resolved.config
   cfg = fit_to_devices(config, len(jax.devices())) if config is not None else own
-  pairs = (training_pairs_from_config(own.input, own.noise, image_size=resolved.model.image_size)
+  pairs = (training_pairs(resolved.input, resolved.noise, image_size=resolved.model.image_size)
            if _needs_training_pairs(cfg) else None)
   evaluation = Evaluation(cfg, model_spec=resolved.model, tokenizer=tokenizer, mesh=mesh, method=method,
                           pairs=pairs, out_dir=eval_dir(cfg, own, workdir),

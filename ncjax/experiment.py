@@ -2,12 +2,12 @@
 
 `resolve(config)` turns it into typed, frozen pieces once — the model spec (`ncjax.models.ModelSpec`), the method's
 class and its options (`Method.Options.from_config`), the starting point (`InitSource`: nothing, an ncjax run, or
-a pretrained checkpoint) — and `build_experiment` wires the rest, each piece built by the module that owns it
-(big_vision style): the mesh by `ncjax.sharding`, the split by `ncjax.data`, the tokenizer by `ncjax.tokenizers`,
-the static noise and the per-step batch transform by `ncjax.data.noise`, the pipeline by `ncjax.data.pipeline`,
-another run's per-sample scores by `ncjax.data.scores`, the method by `ncjax.methods`. Below this module nothing
-reads the config's method, model or loss sections; the trainer (`ncjax.train`) and the evaluation
-(`ncjax.evaluation`) consume the result.
+a pretrained checkpoint), the input, noise and concept specs (`ncjax.data.specs`) and the tokenizer spec — and
+`build_experiment` wires the rest, each piece built by the module that owns it (big_vision style): the mesh by
+`ncjax.sharding`, the split by `ncjax.data`, the tokenizer by `ncjax.tokenizers`, the static noise and the per-step
+batch transform by `ncjax.data.noise`, the pipeline by `ncjax.data.pipeline` (or `ncjax.data.web.pipeline`), another
+run's per-sample scores by `ncjax.data.scores`, the method by `ncjax.methods`. Below this module nothing reads a
+config section; the trainer (`ncjax.train`) and the evaluation (`ncjax.evaluation`) consume the result.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from ncjax import sharding as shard_lib
 from ncjax.data import scores as scores_lib
 from ncjax.data.web import pipeline as web_pipeline
 from ncjax.data.concepts import concept_train_data
-from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform_from_config, noise_from_config
+from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform, noise_index
 from ncjax.data.pipeline import TrainData
+from ncjax.data.specs import ConceptSpec, InputSpec, NoiseSpec, WebSpec
 from ncjax.methods import Method, MethodSetup, build_method, method_class
 from ncjax.models.microbatch import check_micro_batches
-from ncjax.options import Options
+from ncjax.options import Options, read_section
 
 
 RANDOM_INIT = "random"   # method.init_from: start from random weights, on purpose
@@ -88,6 +89,10 @@ class Resolved:
   method_class: type
   options: Options
   init: InitSource
+  input: InputSpec
+  noise: NoiseSpec
+  concept: ConceptSpec
+  tokenizer: tokenizers.TokenizerSpec
 
   def setup(self, *, tokenizer, num_examples: int, prior_scores=None) -> MethodSetup:
     c = self.config
@@ -122,8 +127,38 @@ def resolve(config) -> Resolved:
     raise ValueError(f"method {cls.name!r} trains on batches of N retain and N forget pairs: set "
                      f"concept.train_on='forget_retain' and the concept (concept.classes / subreddits / keywords); "
                      f"got concept.train_on={config.concept.train_on!r}")
-  return Resolved(config, models.ModelSpec.from_config(config.model), cls, cls.Options.from_config(config),
-                  InitSource.parse(config.method.init_from))
+  model = models.ModelSpec.from_config(config.model)
+  inp = input_spec(config.input)
+  return Resolved(config, model, cls, cls.Options.from_config(config), InitSource.parse(config.method.init_from),
+                  inp, noise_spec(config.noise), concept_spec(config.concept),
+                  tokenizers.TokenizerSpec(model.tokenizer_kind, model.context_length, int(inp.min_word_count)))
+
+
+def _checked_section(cls, section, name: str):
+  """`read_section`, refusing keys the spec does not know (a config restored from elsewhere, a typo in a
+  hand-written dict): they would otherwise be ignored silently."""
+  if section is not None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(section.keys()) - known)
+    if unknown:
+      raise errors.ConfigurationError(f"unknown {name} keys {unknown}; known: {sorted(known)}")
+  return read_section(cls, section)
+
+
+def input_spec(section) -> InputSpec:
+  """`config.input` (with its `web` section) as an InputSpec; the evaluation path uses it for another config's
+  input too."""
+  web = _checked_section(WebSpec, section.get("web") if section is not None else None, "input.web")
+  plain = {k: section[k] for k in section.keys() if k != "web"} if section is not None else None
+  return dataclasses.replace(_checked_section(InputSpec, plain, "input"), web=web)
+
+
+def noise_spec(section) -> NoiseSpec:
+  return _checked_section(NoiseSpec, section, "noise")
+
+
+def concept_spec(section) -> ConceptSpec:
+  return _checked_section(ConceptSpec, section, "concept")
 
 
 def method_from_config(config, *, tokenizer, num_examples: int, prior_scores=None) -> Method:
@@ -155,43 +190,27 @@ class Experiment:
     return self.resolved.init
 
 
-def build_tokenizer(spec: models.ModelSpec, input_config, captions, saved: dict | None = None, vocabulary=None):
-  """The tokenizer a run saved in its checkpoint; else, for a word tokenizer, the dataset's own vocabulary when it
-  has one (NCR's precomp vocabulary: its words, in its order, after ncjax's special tokens); else one built for
-  this model from the training captions."""
-  if saved is not None:
-    return tokenizers.tokenizer_from_json(saved)
-  if spec.tokenizer_kind == "word" and vocabulary:
-    ncr_specials = {"<pad>", "<start>", "<end>", "<unk>"}
-    specials = ncr_specials | set(tokenizers.WordTokenizer.SPECIALS)
-    words = [w for w in dict.fromkeys(vocabulary) if w not in specials]
-    return tokenizers.WordTokenizer(list(tokenizers.WordTokenizer.SPECIALS) + words, spec.context_length)
-  return tokenizers.build_tokenizer(captions, context_length=spec.context_length,
-                                    min_count=input_config.min_word_count, kind=spec.tokenizer_kind)
-
-
 def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
   """The whole experiment of a config. `saved_tokenizer`: the vocabulary of a checkpoint being resumed (else the
   init run's, else one built from the training captions)."""
   resolved = resolve(config)
-  config, spec = resolved.config, resolved.model
+  config, spec, inp = resolved.config, resolved.model, resolved.input
   mesh = shard_lib.make_mesh(config.mesh, devices)
-  check_micro_batches(config.input.global_batch_size, mesh.devices.size, config.optim.micro_batches)
+  check_micro_batches(inp.global_batch_size, mesh.devices.size, config.optim.micro_batches)
   if saved_tokenizer is None:
     saved_tokenizer = resolved.init.saved_tokenizer()
-  if web_pipeline.is_web(config.input.dataset):   # img2dataset output at any size: nothing N-long in memory
-    train_data, tokenizer = web_pipeline.train_data_from_config(
-        config.input, config.noise, image_size=spec.image_size, tokenizer_kind=spec.tokenizer_kind,
-        context_length=spec.context_length, mesh=mesh, saved_tokenizer=saved_tokenizer, concept=config.concept)
+  if web_pipeline.is_web(inp.dataset):   # img2dataset output at any size: nothing N-long in memory
+    train_data, tokenizer = web_pipeline.train_data(inp, resolved.noise, resolved.concept, resolved.tokenizer,
+                                                    image_size=spec.image_size, mesh=mesh,
+                                                    saved_tokenizer=saved_tokenizer)
     noisy = None   # the web path's noise is computed on demand (train_data.noise)
   else:
-    split = data_lib.load_split(config.input, config.input.split, spec.image_size)
-    tokenizer = build_tokenizer(spec, config.input, split.captions, saved_tokenizer, vocabulary=split.vocabulary)
-    noisy = noise_from_config(config.noise, split.caption_to_image)
-    train_data = concept_train_data(config, split, tokenizer, mesh, noisy, image_size=spec.image_size)
+    split = data_lib.load_split(inp, inp.split, spec.image_size)
+    tokenizer = resolved.tokenizer.build(split.captions, saved=saved_tokenizer, vocabulary=split.vocabulary)
+    noisy = noise_index(resolved.noise, split.caption_to_image)
+    train_data = concept_train_data(inp, resolved.concept, split, tokenizer, mesh, noisy, image_size=spec.image_size)
   source = resolved.prior_scores_source()
   prior = (scores_lib.load_clean_scores(source, train_data.num_examples, train_data.noise_sha256)
            if source is not None else None)
   method = resolved.method(tokenizer=tokenizer, num_examples=train_data.num_examples, prior_scores=prior)
-  return Experiment(config, resolved, mesh, tokenizer, train_data, method, noisy,
-                    batch_transform_from_config(config.noise))
+  return Experiment(config, resolved, mesh, tokenizer, train_data, method, noisy, batch_transform(resolved.noise))

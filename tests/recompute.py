@@ -94,7 +94,7 @@ def own_scores(result, config, split_name: str = "test"):
   import jax
   from ncjax import data as data_lib
   exp = result.experiment
-  split = data_lib.load_split(config.input, split_name, exp.model_spec.image_size)
+  split = data_lib.load_split(exp.resolved.input, split_name, exp.model_spec.image_size)
   em = exp.method.eval_model(result.params, result.state.get("method_state"))
   img, txt = split_embeddings(em, split, exp.tokenizer, config, exp.model_spec.image_size)
   return np.asarray(jax.jit(em.score)(img, txt)), np.asarray(split.caption_to_image)
@@ -127,12 +127,13 @@ def checkpoint_embeddings(workdir: str, step: int, input_config=None, split_name
   split of its own data (or of `input_config`'s), computed here on one device from the restored parameters."""
   from ncjax import data as data_lib, evaluation
   method, state, resolved, _, tokenizer, _ = evaluation.restore_for_eval(str(workdir), step)
-  config = resolved.config
+  config, spec = resolved.config, resolved.input
   if input_config is not None:
     config = config.copy_and_resolve_references()
     with config.unlocked():
       config.input.dataset, config.input.data_dir = input_config.dataset, input_config.data_dir
-  split = data_lib.load_split(config.input, split_name, resolved.model.image_size)
+    spec = spec.on(input_config.dataset, input_config.data_dir)
+  split = data_lib.load_split(spec, split_name, resolved.model.image_size)
   em = method.eval_model(state["params"], state.get("method_state"))
   img, txt = split_embeddings(em, split, tokenizer, config, resolved.model.image_size)
   return em, img, txt, split, tokenizer, resolved.config

@@ -109,3 +109,25 @@ def test_injected_noise_defaults_to_zero_on_a_users_dataset(name):
   assert own.noise.kind == "none" and own.noise.ratio == 0.0
   asked = load_config(name, "data=tfds:web_pairs/custom_table,noise=0.2")
   assert asked.noise.kind == "caption_shuffle" and asked.noise.ratio == 0.2
+
+
+def test_the_input_specs_defaults_are_the_configs_and_every_key_has_a_field():
+  # The data layer takes typed specs (ncjax.data.specs) built by experiment.resolve; a spec built by hand (tests,
+  # tools) must mean what the config's defaults mean, and a config key without a field would be dropped silently.
+  import dataclasses
+  from ncjax import config_lib, experiment
+  from ncjax.data.specs import ConceptSpec, InputSpec, NoiseSpec, WebSpec
+  base = config_lib.base_config()
+  web = base.input.web.to_dict()
+  plain = {k: v for k, v in base.input.to_dict().items() if k != "web"}
+  for cls, section in ((InputSpec, plain), (WebSpec, web), (NoiseSpec, base.noise.to_dict()),
+                       (ConceptSpec, base.concept.to_dict())):
+    fields = {f.name: f.default for f in dataclasses.fields(cls) if f.name != "web"}
+    assert set(fields) == set(section), cls.__name__
+    assert {k: tuple(v) if isinstance(v, list) else v for k, v in section.items()} == fields, cls.__name__
+  assert experiment.input_spec(base.input) == InputSpec()
+  resolved = experiment.resolve(load_config("clip", "data=digits,noise=0.3,batch=64"))
+  assert resolved.input.global_batch_size == 64 and resolved.noise.ratio == 0.3
+  assert resolved.noise.kind == "caption_shuffle" and resolved.tokenizer.context_length == resolved.model.context_length
+  with pytest.raises(Exception, match=r"unknown input\.web keys \['modee'\]"):
+    experiment.input_spec(dict(plain, web=dict(web, modee="index")))

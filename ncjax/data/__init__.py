@@ -5,7 +5,8 @@ Sub-packages: `embedded` (the datasets generated here: digits, scenes, synthetic
 (img2dataset output at any size, streamed or indexed, local or gs://). Modules here: `pipeline` (the in-memory and
 built-dataset training input, `TrainData`, `TrainingPairs`), `noise` (the noise protocols), `streams` (independent
 random streams), `preprocess` (image transforms), `types` (`PairSplit`), `scores` (per-sample score files),
-`concepts` (forget / retain splits for concept unlearning), `build` (`python -m ncjax.data.build`).
+`concepts` (forget / retain splits for concept unlearning), `specs` (the run's input, noise and concept as typed
+values: what this package takes, never a config section), `build` (`python -m ncjax.data.build`).
 
 `input.dataset` names: an in-memory dataset ('digits', 'scenes', 'synthetic'); 'tfds:<builder>/<config>' for a dataset built
 by `python -m ncjax.data.build` (web_pairs, karpathy, precomp, digits); 'tfds:<name>' for any other tfds dataset
@@ -20,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ncjax.data.embedded import digits, precomp_synthetic, scenes, synthetic
+from ncjax.data.specs import ConceptSpec, InputSpec, NoiseSpec, WebSpec
 from ncjax.data.types import PairSplit
 from ncjax.registry import Registry
 
@@ -31,9 +33,10 @@ DATASETS.add("synthetic", synthetic.load)
 DATASETS.add("precomp_synthetic", precomp_synthetic.load)
 
 
-def load_split(input_config, split: str, image_size: int) -> PairSplit:
-  """In-memory datasets by name; built tfds datasets as 'tfds:<builder>/<config>' (images read lazily)."""
-  name = input_config.dataset
+def load_split(spec: InputSpec, split: str, image_size: int) -> PairSplit:
+  """A split of `spec.dataset`: in-memory datasets by name; built tfds datasets as 'tfds:<builder>/<config>' under
+  `spec.data_dir` (images read lazily); image folders and tables as their paths say."""
+  name = spec.dataset
   if name.startswith("web:"):
     raise ValueError(f"{name!r} is web-scale training data (ncjax.data.web.pipeline), read only by the trainer: "
                      f"evaluate on another dataset (--config.evals.NAME.dataset=...) or switch the evaluator off "
@@ -50,8 +53,8 @@ def load_split(input_config, split: str, image_size: int) -> PairSplit:
     builder, _, config = name[len("tfds:"):].partition("/")
     if builder not in tfds_builders.BUILDERS:   # a standard tfds dataset the user prepared (cifar10, ...)
       from ncjax.data.tables import classification
-      return classification.load_prepared_tfds(builder, config or None, input_config.data_dir, split)
-    return sources.load_tfds_split(name, input_config.data_dir, split)
+      return classification.load_prepared_tfds(builder, config or None, spec.data_dir, split)
+    return sources.load_tfds_split(name, spec.data_dir, split)
   if name not in DATASETS:
     raise ValueError(f"unknown dataset {name!r}; available: {DATASETS.names()} or a built 'tfds:<builder>/<config>'")
   return DATASETS[name](split, image_size=image_size)
@@ -67,4 +70,4 @@ def eval_images(split: PairSplit, image_size: int, normalization: str = "openai"
   return TransformedImages(split.images, image_size, normalization, resize, workers=workers, decode=decode)
 
 
-__all__ = ["PairSplit", "load_split", "eval_images", "DATASETS"]
+__all__ = ["PairSplit", "InputSpec", "NoiseSpec", "ConceptSpec", "WebSpec", "load_split", "eval_images", "DATASETS"]

@@ -3,12 +3,14 @@ build forget / retain training iterators over the same split (ids stay the split
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Sequence
 
 import numpy as np
 
-from ncjax.data.pipeline import train_data_from_config
+from ncjax.data.pipeline import train_data
+from ncjax.data.specs import ConceptSpec, InputSpec
 from ncjax.data.types import PairSplit
 
 # Subreddit groups in the spirit of RedCaps' topical communities; extend or pass your own lists.
@@ -58,12 +60,12 @@ def forget_retain(split: PairSplit, mask: np.ndarray) -> tuple[np.ndarray, np.nd
   return np.flatnonzero(mask), np.flatnonzero(~mask)
 
 
-def forget_retain_data(config, split: PairSplit, tokenizer, mesh, mask: np.ndarray, noisy=None, *, image_size: int):
+def forget_retain_data(spec: InputSpec, split: PairSplit, tokenizer, mesh, mask: np.ndarray, noisy=None, *,
+                       image_size: int):
   """Two TrainData over the forget and the retain examples (same batch size, seed and transforms)."""
   forget, retain = forget_retain(split, mask)
-  size = image_size
-  return (train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=size, subset=forget),
-          train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=size, subset=retain))
+  return (train_data(spec, split, tokenizer, mesh, noisy, image_size=image_size, subset=forget),
+          train_data(spec, split, tokenizer, mesh, noisy, image_size=image_size, subset=retain))
 
 
 class ForgetRetainData:
@@ -76,25 +78,21 @@ class ForgetRetainData:
   (a method input, not a diagnostic). N must be divisible by the device count.
   """
 
-  def __init__(self, input_config, split: PairSplit, tokenizer, mesh, mask: np.ndarray, noisy=None, *,
+  def __init__(self, spec: InputSpec, split: PairSplit, tokenizer, mesh, mask: np.ndarray, noisy=None, *,
                image_size: int):
     from ncjax.data.pipeline import batch_axes
     from jax.sharding import NamedSharding, PartitionSpec as P
-    if input_config.global_batch_size % 2:
+    if spec.global_batch_size % 2:
       raise ValueError(f"a forget/retain batch holds N retain and N forget pairs: global batch size "
-                       f"{input_config.global_batch_size} is odd")
-    n = input_config.global_batch_size // 2
+                       f"{spec.global_batch_size} is odd")
+    n = spec.global_batch_size // 2
     forget, retain = forget_retain(split, mask)
     if len(forget) < n:
       raise ValueError(f"the forget set has {len(forget)} pairs, fewer than the N = {n} per batch (global batch "
-                       f"{input_config.global_batch_size} = 2N); lower input.global_batch_size")
-    half = input_config.copy_and_resolve_references()
-    with half.unlocked():
-      half.global_batch_size = n
-    self.forget_data = train_data_from_config(half, split, tokenizer, mesh, noisy, image_size=image_size,
-                                              subset=forget)
-    self.retain_data = train_data_from_config(half, split, tokenizer, mesh, noisy, image_size=image_size,
-                                              subset=retain)
+                       f"{spec.global_batch_size} = 2N); lower input.global_batch_size")
+    half = dataclasses.replace(spec, global_batch_size=n)
+    self.forget_data = train_data(half, split, tokenizer, mesh, noisy, image_size=image_size, subset=forget)
+    self.retain_data = train_data(half, split, tokenizer, mesh, noisy, image_size=image_size, subset=retain)
     self.forget_ids, self.retain_ids = forget, retain
     self.global_batch_size = 2 * n
     self.sharding = NamedSharding(mesh, P(batch_axes(mesh)))
@@ -131,35 +129,30 @@ class ForgetRetainData:
       yield arrays, ids, {"skipped_records": int(np.sum(r["_skipped"]) + np.sum(f["_skipped"]))}
 
 
-def concept_mask_from_config(concept_config, split: PairSplit) -> np.ndarray | None:
-  """The forget mask of `config.concept` (classes, subreddits, keywords), or None when no concept is set."""
-  classes, subreddits, keywords = (tuple(concept_config.get(k, ()) or ()) for k in ("classes", "subreddits",
-                                                                                     "keywords"))
-  if not (classes or subreddits or keywords):
+def concept_mask_of(concept: ConceptSpec, split: PairSplit) -> np.ndarray | None:
+  """The forget mask of a concept (classes, subreddits, keywords), or None when no concept is set."""
+  if not concept.named:
     return None
-  return concept_mask(split, classes=classes, subreddits=subreddits, keywords=keywords)
+  return concept_mask(split, classes=tuple(concept.classes), subreddits=tuple(concept.subreddits),
+                      keywords=tuple(concept.keywords))
 
 
-TRAIN_ON = ("all", "retain", "forget_retain")
-
-
-def concept_train_data(config, split: PairSplit, tokenizer, mesh, noisy, *, image_size: int):
-  """The training pipeline `config.concept.train_on` asks for: 'all' pairs (an ordinary TrainData), the 'retain'
-  pairs only (fine-tuning without the concept: f-C-R / f-M-R), or 'forget_retain' batches (AC / HAC)."""
-  train_on = config.concept.train_on
-  if train_on not in TRAIN_ON:
-    raise ValueError(f"unknown concept.train_on {train_on!r}; expected one of {TRAIN_ON}")
-  mask = concept_mask_from_config(config.concept, split)
+def concept_train_data(spec: InputSpec, concept: ConceptSpec, split: PairSplit, tokenizer, mesh, noisy, *,
+                       image_size: int):
+  """The training pipeline `concept.train_on` asks for: 'all' pairs (an ordinary TrainData), the 'retain' pairs
+  only (fine-tuning without the concept: f-C-R / f-M-R), or 'forget_retain' batches (AC / HAC)."""
+  train_on = concept.train_on
+  mask = concept_mask_of(concept, split)
   if mask is None:
     if train_on != "all":
       raise ValueError(f"concept.train_on={train_on!r} needs a concept: set concept.classes, concept.subreddits or "
                        f"concept.keywords")
-    return train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=image_size)
+    return train_data(spec, split, tokenizer, mesh, noisy, image_size=image_size)
   if not mask.any():
-    raise ValueError(f"the concept {config.concept.to_dict()} selects no pair of {split.name}")
+    raise ValueError(f"the concept {dataclasses.asdict(concept)} selects no pair of {split.name}")
   if train_on == "all":
-    return train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=image_size)
+    return train_data(spec, split, tokenizer, mesh, noisy, image_size=image_size)
   if train_on == "retain":
-    return train_data_from_config(config.input, split, tokenizer, mesh, noisy, image_size=image_size,
-                                  subset=forget_retain(split, mask)[1])
-  return ForgetRetainData(config.input, split, tokenizer, mesh, mask, noisy, image_size=image_size)
+    return train_data(spec, split, tokenizer, mesh, noisy, image_size=image_size,
+                      subset=forget_retain(split, mask)[1])
+  return ForgetRetainData(spec, split, tokenizer, mesh, mask, noisy, image_size=image_size)

@@ -6,9 +6,9 @@ for all epochs; and DECL's image-level protocol (all captions of a selected imag
 per-caption image index (int64, the format of the NCR/DECL/BiCro `.npy` noise files), the clean mask and a sha256.
 The generator is numpy's PCG64 seeded explicitly, never the global RNG.
 
-From a config: `noise_from_config(config.noise, caption_to_image)` builds the static (dataset-level) index, and
-`batch_transform_from_config(config.noise)` the dynamic per-step corruption (Bayesian CL's in-batch resampling) that
-the trainer applies inside the jitted step, keyed by the step so resume reproduces it.
+From the run's `NoiseSpec` (config.noise, ncjax.data.specs): `noise_index(spec, caption_to_image)` builds the static
+(dataset-level) index, and `batch_transform(spec)` the dynamic per-step corruption (Bayesian CL's in-batch
+resampling) that the trainer applies inside the jitted step, keyed by the step so resume reproduces it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import hashlib
 from typing import Callable
 
 import numpy as np
+
+from ncjax.data.specs import NoiseSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,28 +131,28 @@ NOISE_KINDS = ("none", "caption_shuffle", "image_shuffle", "file", "in_batch_res
 _SHUFFLE_LEVELS = {"caption_shuffle": "caption", "image_shuffle": "image"}
 
 
-def noise_from_config(noise_config, caption_to_image) -> NoisyIndex | None:
+def noise_index(spec: NoiseSpec, caption_to_image) -> NoisyIndex | None:
   """The static (dataset-level) noise index of `config.noise`; None for no noise or for in-batch resampling
-  (applied per step by `batch_transform_from_config`)."""
-  kind = noise_config.kind
+  (applied per step by `batch_transform`)."""
+  kind = spec.kind
   if kind not in NOISE_KINDS:
     raise ValueError(f"unknown noise.kind {kind!r}; expected 'none', 'caption_shuffle' (NCR), "
                      f"'image_shuffle' (DECL), 'file' or 'in_batch_resample'")
   if kind == "in_batch_resample":
-    if not 0.0 < noise_config.ratio < 1.0:
-      raise ValueError(f"noise.kind='in_batch_resample' needs 0 < noise.ratio < 1, got {noise_config.ratio}")
+    if not 0.0 < spec.ratio < 1.0:
+      raise ValueError(f"noise.kind='in_batch_resample' needs 0 < noise.ratio < 1, got {spec.ratio}")
     return None
   if kind == "none":
-    if noise_config.ratio:
-      raise ValueError(f"noise.ratio={noise_config.ratio} but noise.kind='none'; set noise.kind "
+    if spec.ratio:
+      raise ValueError(f"noise.ratio={spec.ratio} but noise.kind='none'; set noise.kind "
                        f"('caption_shuffle' or 'image_shuffle')")
     return None
   if kind == "file":
-    if not noise_config.file:
+    if not spec.file:
       raise ValueError("noise.kind='file' needs noise.file (a per-caption int64 .npy index)")
-    return load_noise_file(noise_config.file, caption_to_image)
-  return make_noisy_index(caption_to_image, noise_config.ratio, noise_config.seed,
-                          level=_SHUFFLE_LEVELS[kind], derangement=noise_config.derangement)
+    return load_noise_file(spec.file, caption_to_image)
+  return make_noisy_index(caption_to_image, spec.ratio, spec.seed,
+                          level=_SHUFFLE_LEVELS[kind], derangement=spec.derangement)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,11 +187,10 @@ class InBatchResample:
 BatchTransform = Callable[[dict, object], dict]
 
 
-def batch_transform_from_config(noise_config) -> BatchTransform | None:
+def batch_transform(spec: NoiseSpec) -> BatchTransform | None:
   """The dynamic noise of `config.noise` as a per-step batch transform, or None for static noise kinds."""
-  if noise_config.kind == "in_batch_resample":
-    return InBatchResample(float(noise_config.ratio), int(noise_config.seed),
-                           bool(noise_config.get("per_device", False)))
+  if spec.kind == "in_batch_resample":
+    return InBatchResample(float(spec.ratio), int(spec.seed), bool(spec.per_device))
   return None
 
 
@@ -323,16 +324,16 @@ class BlockNoise:
                 derangement=self.derangement, n_captions=self.n)
 
 
-def permuted_noise_from_config(noise_config, n: int) -> PermutedNoise | None:
+def permuted_noise(spec: NoiseSpec, n: int) -> PermutedNoise | None:
   """`config.noise` over web-scale data of n pairs: caption_shuffle / image_shuffle as `PermutedNoise`; None for no
   noise or in-batch resampling; a noise file (an N-long index) is refused."""
-  kind = noise_config.kind
+  kind = spec.kind
   if kind not in NOISE_KINDS:
     raise ValueError(f"unknown noise.kind {kind!r}; expected one of {NOISE_KINDS}")
   if kind == "file":
     raise ValueError("noise.kind='file' (an N-long .npy index) is not read for web-scale data; use "
                      "noise.kind='caption_shuffle' (computed on demand) or 'in_batch_resample'")
   if kind in ("none", "in_batch_resample"):
-    noise_from_config(noise_config, np.zeros(0, np.int64))   # the same argument checks
+    noise_index(spec, np.zeros(0, np.int64))   # the same argument checks
     return None
-  return PermutedNoise(int(n), float(noise_config.ratio), int(noise_config.seed), bool(noise_config.derangement))
+  return PermutedNoise(int(n), float(spec.ratio), int(spec.seed), bool(spec.derangement))

@@ -32,6 +32,7 @@ from ncjax import errors
 from ncjax.data import preprocess, streams
 from ncjax.data.tables import readers
 from ncjax.data.noise import NoisyIndex
+from ncjax.data.specs import InputSpec, NoiseSpec
 from ncjax.data.types import PairSplit
 
 log = logging.getLogger("ncjax")
@@ -249,26 +250,25 @@ class TrainData:
     return arrays, ids
 
 
-def train_data_from_config(input_config, split: PairSplit, tokenizer, mesh, noisy: NoisyIndex | None = None, *,
-                          image_size: int, subset: np.ndarray | None = None) -> TrainData:
-  """The training pipeline of `config.input` over `split` (optionally a subset of its example ids)."""
-  inp = input_config
-  return TrainData(split, tokenizer, inp.global_batch_size, inp.shuffle_seed, mesh, noisy, subset=subset,
-                   image_size=image_size, normalization=inp.normalization, augment=inp.augment,
-                   crop_scale=inp.crop_scale, on_bad_record=inp.on_bad_record, num_threads=inp.num_threads,
-                   prefetch=inp.prefetch)
+def train_data(spec: InputSpec, split: PairSplit, tokenizer, mesh, noisy: NoisyIndex | None = None, *,
+               image_size: int, subset: np.ndarray | None = None) -> TrainData:
+  """The training pipeline of an input spec over `split` (optionally a subset of its example ids)."""
+  return TrainData(split, tokenizer, spec.global_batch_size, spec.shuffle_seed, mesh, noisy, subset=subset,
+                   image_size=image_size, normalization=spec.normalization, augment=spec.augment,
+                   crop_scale=spec.crop_scale, on_bad_record=spec.on_bad_record, num_threads=spec.num_threads,
+                   prefetch=spec.prefetch)
 
 
-def training_pairs_from_config(input_config, noise_config, *, image_size: int) -> TrainingPairs:
-  """The training pairs of a run's config without its input pipeline (evaluating a saved run): its split, the same
-  injected noise (the noise index is a pure function of the config) and the clean flags."""
+def training_pairs(spec: InputSpec, noise: NoiseSpec, *, image_size: int) -> TrainingPairs:
+  """The training pairs of a run without its input pipeline (evaluating a saved run): its split, the same
+  injected noise (the noise index is a pure function of the noise spec) and the clean flags."""
   from ncjax.data import load_split
-  from ncjax.data.noise import noise_from_config
-  split = load_split(input_config, input_config.split, image_size)
-  noisy = noise_from_config(noise_config, split.caption_to_image)
+  from ncjax.data.noise import noise_index
+  split = load_split(spec, spec.split, image_size)
+  noisy = noise_index(noise, split.caption_to_image)
   return TrainingPairs(split, split.caption_to_image if noisy is None else noisy.caption_to_image,
                        clean_flags(split, noisy), None if noisy is None else noisy.sha256, image_size,
-                       input_config.normalization)
+                       spec.normalization)
 
 
 def _stack_examples(examples):

@@ -19,6 +19,7 @@ from typing import Any
 from ncjax import errors
 from ncjax import data as data_lib
 from ncjax.data.pipeline import TrainingPairs
+from ncjax.data.specs import InputSpec
 from ncjax.models import ModelSpec
 from ncjax.registry import Registry
 
@@ -33,10 +34,11 @@ def register(name: str):
 
 @dataclasses.dataclass
 class EvalContext:
-  """What evaluators share: the config (its `input` section says where evaluation data lives and how it is
-  preprocessed), the model spec (the input resolution), the tokenizer the model was trained with, the mesh, cached
-  splits, the run's training pairs when it has them (noise detection), the method's name, and where plots go."""
-  config: Any
+  """What evaluators share: the input spec (where evaluation data lives and how it is preprocessed: the dataset,
+  data_dir, eval_batch_size, normalization, resize, eval_workers, eval_decode), the model spec (the input
+  resolution), the tokenizer the model was trained with, the mesh, cached splits, the run's training pairs when it
+  has them (noise detection), the method's name, and where plots go."""
+  input: InputSpec
   tokenizer: Any
   mesh: Any
   model: ModelSpec
@@ -47,12 +49,7 @@ class EvalContext:
 
   @functools.lru_cache(maxsize=8)
   def split(self, dataset: str, split: str, data_dir: str = ""):
-    input_cfg = self.config.input.copy_and_resolve_references()
-    with input_cfg.unlocked():
-      input_cfg.dataset = dataset
-      if data_dir:
-        input_cfg.data_dir = data_dir
-    return data_lib.load_split(input_cfg, split, self.model.image_size)
+    return data_lib.load_split(self.input.on(dataset, data_dir), split, self.model.image_size)
 
   def __hash__(self):
     return id(self)
@@ -81,17 +78,20 @@ class Evaluator(abc.ABC):
 
   @property
   def batch_size(self) -> int:
-    return self.context.config.input.eval_batch_size
+    return self.context.input.eval_batch_size
+
+  @property
+  def dataset_name(self) -> str:
+    """The dataset this evaluator reads: its own `dataset` option, else the training dataset."""
+    return self.dataset or self.context.input.dataset
 
   def data(self, split: str | None = None):
-    dataset = self.dataset or self.context.config.input.dataset
-    return self.context.split(dataset, split or self.split, self.data_dir)
+    return self.context.split(self.dataset_name, split or self.split, self.data_dir)
 
   def images(self, split):
-    cfg = self.context.config
-    return data_lib.eval_images(split, self.context.model.image_size, cfg.input.normalization, cfg.input.resize,
-                                workers=cfg.input.get("eval_workers", -1),
-                                decode=cfg.input.get("eval_decode", "thread"))
+    inp = self.context.input
+    return data_lib.eval_images(split, self.context.model.image_size, inp.normalization, inp.resize,
+                                workers=inp.eval_workers, decode=inp.eval_decode)
 
   @abc.abstractmethod
   def run(self, eval_model) -> dict:

@@ -173,13 +173,13 @@ class ZeroShot(Evaluator):
     self.templates, self.classnames = templates, classnames
 
   def class_names(self, split) -> tuple[str, ...]:
-    return class_names_for(self.classnames, self.dataset or self.context.config.input.dataset, split.class_names)
+    return class_names_for(self.classnames, self.dataset_name, split.class_names)
 
   def check(self):
     split = self.data()
     if split.image_labels is None:
       raise ValueError(f"{split.name} has no class labels: zero-shot classification needs them")
-    templates_for(self.templates, self.dataset or self.context.config.input.dataset)
+    templates_for(self.templates, self.dataset_name)
     self.class_names(split)
 
   def scores(self, eval_model):
@@ -187,7 +187,7 @@ class ZeroShot(Evaluator):
     if split.image_labels is None:
       raise ValueError(f"{split.name} has no class labels: zero-shot classification needs them")
     ctx = self.context
-    dataset = self.dataset or ctx.config.input.dataset
+    dataset = self.dataset_name
     weights = classifier(eval_model, ctx.tokenizer, self.class_names(split), templates_for(self.templates, dataset),
                          ctx.mesh, self.batch_size)
     img = common.embed_images(eval_model, self.images(split), self.batch_size, ctx.mesh)

@@ -13,6 +13,7 @@ selects the kind ('auto': clip_bpe for the CLIP-sized models, word otherwise).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Protocol, Sequence
 
 import numpy as np
@@ -61,6 +62,29 @@ def build_tokenizer(captions: Iterable[str], *, context_length: int, min_count: 
   return TOKENIZERS.get(kind)(context_length=context_length)
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenizerSpec:
+  """A run's tokenizer as `ncjax.experiment.resolve` settles it: the kind (model.tokenizer with 'auto' resolved),
+  the model's context length and, for a word vocabulary, the minimum count of a kept word (input.min_word_count)."""
+  kind: str
+  context_length: int
+  min_word_count: int = 1
+
+  def build(self, captions: Iterable[str] = (), *, saved: dict | None = None, vocabulary=None):
+    """The tokenizer a run saved in its checkpoint (`saved`); else, for a word tokenizer, the dataset's own
+    vocabulary when it has one (NCR's precomp vocabulary: its words, in its order, after ncjax's special tokens);
+    else one built from `captions`."""
+    if saved is not None:
+      return tokenizer_from_json(saved)
+    if self.kind == "word" and vocabulary:
+      ncr_specials = {"<pad>", "<start>", "<end>", "<unk>"}
+      specials = ncr_specials | set(WordTokenizer.SPECIALS)
+      words = [w for w in dict.fromkeys(vocabulary) if w not in specials]
+      return WordTokenizer(list(WordTokenizer.SPECIALS) + words, self.context_length)
+    return build_tokenizer(captions, context_length=self.context_length, min_count=self.min_word_count,
+                           kind=self.kind)
+
+
 def tokenizer_from_json(spec: dict) -> Tokenizer:
   kind = spec.get("kind")
   if kind not in TOKENIZERS:
@@ -68,5 +92,5 @@ def tokenizer_from_json(spec: dict) -> Tokenizer:
   return TOKENIZERS[kind].from_json(spec)
 
 
-__all__ = ["Tokenizer", "WordTokenizer", "ClipBpeTokenizer", "SentencePieceTokenizer", "TOKENIZERS", "get_tokenizer", "build_tokenizer",
-           "tokenizer_from_json", "split_words"]
+__all__ = ["Tokenizer", "WordTokenizer", "ClipBpeTokenizer", "SentencePieceTokenizer", "TOKENIZERS", "get_tokenizer",
+           "build_tokenizer", "TokenizerSpec", "tokenizer_from_json", "split_words"]

@@ -3,7 +3,6 @@
 import socket
 import sys
 
-import ml_collections
 import numpy as np
 import pytest
 
@@ -15,8 +14,7 @@ from ncjax.evals import zeroshot
 
 
 def _load(dataset, split, data_dir=""):
-  cfg = ml_collections.ConfigDict(dict(dataset=dataset, data_dir=data_dir))
-  return data_lib.load_split(cfg, split, 32)
+  return data_lib.load_split(data_lib.InputSpec(dataset=dataset, data_dir=data_dir), split, 32)
 
 
 def test_image_folder_tree_with_splits_and_readable_class_names(tmp_path):

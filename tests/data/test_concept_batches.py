@@ -6,6 +6,7 @@ import jax
 import pytest
 
 from helpers import make_config
+from ncjax import experiment
 from ncjax.data import concepts
 from ncjax.data.embedded import digits
 from ncjax.sharding import make_mesh
@@ -19,7 +20,8 @@ def _data(train_on="forget_retain", batch=32, classes=("three",), devices=8):
   split = digits.load("train", image_size=16)
   tok = WordTokenizer.build(split.captions, context_length=16)
   mesh = make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1)), jax.devices()[:devices])
-  return concepts.concept_train_data(cfg, split, tok, mesh, None, image_size=16), split
+  return concepts.concept_train_data(experiment.input_spec(cfg.input), experiment.concept_spec(cfg.concept), split,
+                                     tok, mesh, None, image_size=16), split
 
 
 def test_every_batch_holds_n_retain_and_n_forget_pairs():

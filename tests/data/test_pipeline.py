@@ -9,6 +9,7 @@ from PIL import Image
 
 from helpers import tiny_clip_config
 
+from ncjax import experiment
 from ncjax.data import concepts, noise, preprocess, streams
 from ncjax.data.embedded import digits
 from ncjax.data.tables import sources
@@ -178,7 +179,7 @@ def test_forget_retain_iterators_yield_only_their_examples():
   sp = digits.load("train", image_size=16)
   tok = WordTokenizer.build(sp.captions, context_length=16)
   mask = concepts.concept_mask(sp, classes=[0, 1, 2])
-  f, r = concepts.forget_retain_data(cfg, sp, tok, _mesh(), mask, image_size=16)
+  f, r = concepts.forget_retain_data(experiment.input_spec(cfg.input), sp, tok, _mesh(), mask, image_size=16)
   fid = np.asarray(next(f.batches(0, 1))[0]["id"])
   rid = np.asarray(next(r.batches(0, 1))[0]["id"])
   assert mask[fid].all() and not mask[rid].any()

@@ -19,7 +19,8 @@ from ncjax.data.web import synthetic as web_synthetic
 from ncjax.data.noise import PermutedNoise, make_noisy_index
 from ncjax.data.web.permutation import Permutation
 from ncjax.data.pipeline import BadRecordError
-from ncjax.tokenizers import WordTokenizer
+from ncjax.data.specs import InputSpec, WebSpec
+from ncjax.tokenizers import TokenizerSpec, WordTokenizer
 
 N = 20_000
 PER_SHARD = 1_000
@@ -248,11 +249,11 @@ def test_a_weighted_mixture_of_two_datasets_upsamples_and_logs_its_composition(t
     roots.append(str(tmp_path / f"d{k}"))
     web_synthetic.write_img2dataset(roots[-1], n, per_shard=100, image_size=8, pool=4, seed=k)
     web_index.build_index(roots[-1], workers=1)
-  cfg = _input_config(f"web:{roots[0]}::{roots[1]}", weights="1::1", mix_block=100)
-  datasets, settings = web_pipeline.open_datasets(cfg)
+  spec = _input_spec(f"web:{roots[0]}::{roots[1]}", weights="1::1", mix_block=100)
+  datasets = web_pipeline.open_datasets(spec)
   import logging
   with caplog.at_level(logging.INFO, logger="ncjax"):
-    data = _data(datasets, "index", batch=100, weights=settings["weights"], mix_block=100)
+    data = _data(datasets, "index", batch=100, weights=spec.web.weights, mix_block=100)
   assert "50.00%" in caplog.text
   assert data.num_examples == 1500 and data.steps_per_epoch == 15
   ids = np.concatenate([data.indices(s) for s in range(15)])
@@ -275,13 +276,8 @@ def test_a_weighted_mixture_of_two_datasets_upsamples_and_logs_its_composition(t
     np.testing.assert_array_equal(a["image"], b["image"])
 
 
-def _input_config(dataset, **web_overrides):
-  from ncjax import config_lib
-  c = config_lib.base_config()
-  c.input.dataset = dataset
-  for k, v in web_overrides.items():
-    c.input.web[k] = v
-  return c.input
+def _input_spec(dataset, **web_overrides):
+  return InputSpec(dataset=dataset, web=WebSpec(**web_overrides))
 
 
 # --- the build ----------------------------------------------------------------------------------------------------
@@ -308,9 +304,9 @@ def test_a_build_over_two_hosts_equals_one_and_continues_after_an_interruption(w
 
 
 def test_a_word_vocabulary_over_web_data_is_capped(web20k):
-  cfg = _input_config(f"web:{web20k['root']}", vocab_captions=3000, max_vocab=60)
-  datasets, _ = web_pipeline.open_datasets(cfg)
-  tok = web_pipeline.web_tokenizer("word", 16, cfg, datasets)
+  spec = _input_spec(f"web:{web20k['root']}", vocab_captions=3000, max_vocab=60)
+  datasets = web_pipeline.open_datasets(spec)
+  tok = web_pipeline.web_tokenizer(TokenizerSpec("word", 16), spec.web, datasets)
   assert tok.vocab_size == 60
   assert web_pipeline.parse_roots("web:gs://b/x::/local/y") == ["gs://b/x", "/local/y"]
   assert web_pipeline.parse_weights("1::2.5", 2, (10, 20)) == (1.0, 2.5)

@@ -4,13 +4,14 @@ import ml_collections
 import pytest
 
 from helpers import tiny_clip_config
-from ncjax import evals
+from ncjax import evals, experiment
 from ncjax.models import ModelSpec
 
 
 def _context():
   cfg = tiny_clip_config()
-  return evals.EvalContext(cfg, tokenizer=None, mesh=None, model=ModelSpec.from_config(cfg.model))
+  return evals.EvalContext(experiment.input_spec(cfg.input), tokenizer=None, mesh=None,
+                           model=ModelSpec.from_config(cfg.model))
 
 
 def test_options_reach_the_evaluator_and_generic_keys_are_stripped():

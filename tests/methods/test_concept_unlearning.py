@@ -132,7 +132,7 @@ def test_calibration_runs_from_its_start_model_and_reports_forget_retain_metrics
   # scores checked against the run's own embeddings: the digits test split's 359 images, 718 captions, and the 10
   # class prompts of the slides' single template "a picture of a {}" (one template: no ensemble to restate).
   exp = result.experiment
-  split = data_lib.load_split(cfg.input, "test", exp.model_spec.image_size)
+  split = data_lib.load_split(exp.resolved.input, "test", exp.model_spec.image_size)
   em = exp.method.eval_model(result.params)
   img, txt = recompute.split_embeddings(em, split, exp.tokenizer, cfg, exp.model_spec.image_size)
   prompts = exp.tokenizer.encode([f"a picture of a {name}" for name in split.class_names])

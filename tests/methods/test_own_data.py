@@ -41,7 +41,8 @@ def _check_noise_detection(run, step, method, metrics):
   from ncjax.models import ModelSpec
   em, _, _, _, tokenizer, config = recompute.checkpoint_embeddings(run, step)
   image_size = ModelSpec.from_config(config.model).image_size
-  train = data_lib.load_split(config.input, "train", image_size)
+  from ncjax import experiment
+  train = data_lib.load_split(experiment.input_spec(config.input), "train", image_size)
   clean = np.asarray(train.pair_clean, bool)
   assert metrics["noise_detection/noise_rate"] == pytest.approx(1 - clean.mean(), abs=1e-9) and 0 < clean.mean() < 1
   if method == "gsc":

@@ -92,11 +92,10 @@ def test_eval_init_evaluates_an_imported_model_on_an_image_folder(openai_checkpo
   assert report["init"] == f"openai:{path}" and zs["acc5"] is None
   # top-1 recomputed here: the 6 test images and OpenAI's 7 ImageNet prompts through load_model, CLIP's prompt
   # ensemble restated (tests/recompute.py)
-  import ml_collections
   from ncjax import data as data_lib
   from ncjax.evals.zeroshot import templates_for
   model, _, tokenizer = pretrained.load_model(f"openai:{path}")
-  split = data_lib.load_split(ml_collections.ConfigDict(dict(dataset=f"image_folder:{root}", data_dir="")), "test", 16)
+  split = data_lib.load_split(data_lib.InputSpec(dataset=f"image_folder:{root}"), "test", 16)
   assert split.num_images == 6
   img = np.asarray(model.encode_image(np.asarray(data_lib.eval_images(split, 16, "openai")[np.arange(6)])))
   weights = recompute.zero_shot_weights(model, tokenizer, split.class_names, templates_for("imagenet7"), jit=False)

@@ -284,12 +284,12 @@ class Digits(tfds.core.GeneratorBasedBuilder):
 BUILDERS = {"web_pairs": WebPairs, "karpathy": Karpathy, "precomp": Precomp, "digits": Digits}
 
 
-def builder_for(name: str, config: str | None, data_dir: str):
+def builder_for(name: str, builder_config: str | None, data_dir: str):
   if name not in BUILDERS:
     raise ValueError(f"unknown ncjax builder {name!r}; builders: {sorted(BUILDERS)}")
   kwargs = dict(data_dir=data_dir, file_format="array_record")
-  if config:
-    kwargs["config"] = config
+  if builder_config:
+    kwargs["config"] = builder_config
   return BUILDERS[name](**kwargs)
 
 
@@ -307,34 +307,34 @@ def _staged(build_fn, data_dir: str, reopen):
   return reopen()
 
 
-def build(name: str, config: str | None, manual_dir: str | None, data_dir: str):
+def build(name: str, builder_config: str | None, manual_dir: str | None, data_dir: str):
   """Build a dataset from the user's files, then write its index (id -> position, caption table). A `gs://`
   data_dir is built locally and uploaded."""
   from ncjax import fileio
   if fileio.is_remote(data_dir):
-    return _staged(lambda local: build(name, config, manual_dir, local), data_dir,
-                   lambda: builder_for(name, config, data_dir))
+    return _staged(lambda local: build(name, builder_config, manual_dir, local), data_dir,
+                   lambda: builder_for(name, builder_config, data_dir))
   if name != "digits":
     if not manual_dir or not os.path.isdir(manual_dir):
       raise readers.DataFormatError(f"manual_dir {manual_dir!r} is not a directory; the {name} builder reads the "
                                     f"user's files from it")
-  builder = builder_for(name, config, data_dir)
+  builder = builder_for(name, builder_config, data_dir)
   dl_config = tfds.download.DownloadConfig(manual_dir=manual_dir) if manual_dir else None
   builder.download_and_prepare(download_config=dl_config)
   write_index(builder)
   if name == "precomp":
-    copy_ncr_vocabulary(manual_dir, config, builder.data_dir)
+    copy_ncr_vocabulary(manual_dir, builder_config, builder.data_dir)
   return builder
 
 
 VOCAB_FILE = "ncjax_vocab.json"
 
 
-def copy_ncr_vocabulary(manual_dir: str, config: str | None, data_dir: str) -> str | None:
+def copy_ncr_vocabulary(manual_dir: str, builder_config: str | None, data_dir: str) -> str | None:
   """NCR's vocabulary (`{f30k,coco,cc152k}_precomp_vocab.json` or `{name}_vocab.json`: word2idx / idx2word, built
   from train + dev captions with count >= 4), when it sits in manual_dir, saved with the built dataset as its words
   in index order; the word tokenizer of a run on this dataset then uses it instead of counting the captions."""
-  stem = config or ""
+  stem = builder_config or ""
   candidates = [f"{stem}_vocab.json", f"{stem.replace('_precomp', '')}_precomp_vocab.json",
                 f"{stem.replace('_precomp', '')}_vocab.json"]
   found = next((os.path.join(manual_dir, c) for c in candidates if os.path.isfile(os.path.join(manual_dir, c))), None)
@@ -354,7 +354,7 @@ def copy_ncr_vocabulary(manual_dir: str, config: str | None, data_dir: str) -> s
   return out
 
 
-def build_table(config: str | None, manual_dir: str | None, data_dir: str, **columns):
+def build_table(builder_config: str | None, manual_dir: str | None, data_dir: str, **columns):
   """web_pairs with these options (`columns`: a table's file name, separator, image / caption / label / clean /
   split columns, class names, holdout; for WebDataset shards the label / clean keys of each sample's .json and the
   holdout; None keeps the config's default). The built dataset reads back as
@@ -363,12 +363,12 @@ def build_table(config: str | None, manual_dir: str | None, data_dir: str, **col
   A `gs://` data_dir is built locally and uploaded."""
   from ncjax import fileio
   if fileio.is_remote(data_dir):
-    return _staged(lambda local: build_table(config, manual_dir, local, **columns), data_dir,
-                   lambda: builder_for("web_pairs", config or "custom_table", data_dir))
+    return _staged(lambda local: build_table(builder_config, manual_dir, local, **columns), data_dir,
+                   lambda: builder_for("web_pairs", builder_config or "custom_table", data_dir))
   if not manual_dir or not os.path.isdir(manual_dir):
     raise readers.DataFormatError(f"manual_dir {manual_dir!r} is not a directory; the web_pairs builder reads the "
                                   f"table and its images from it")
-  base = next(c for c in WEB_CONFIGS if c.name == (config or "custom_table"))
+  base = next(c for c in WEB_CONFIGS if c.name == (builder_config or "custom_table"))
   config_obj = dataclasses.replace(base, **{k: v for k, v in columns.items() if v is not None})
 
   class CustomTablePairs(WebPairs, skip_registration=True):

@@ -294,9 +294,10 @@ class TfdsImages:
     return int(self.record(i)[self.label_key])
 
 
-def prepared_tfds_dir(data_dir: str, name: str, config: str | None) -> str:
+def prepared_tfds_dir(data_dir: str, name: str, builder_config: str | None) -> str:
   """data_dir/NAME[/CONFIG]/VERSION of a prepared dataset (the latest version present)."""
-  base = os.path.join(os.path.expanduser(data_dir or "~/tensorflow_datasets"), name, *( [config] if config else []))
+  base = os.path.join(os.path.expanduser(data_dir or "~/tensorflow_datasets"), name,
+                      *([builder_config] if builder_config else []))
   versions = []
   if os.path.isdir(base):
     for v in os.listdir(base):
@@ -307,15 +308,15 @@ def prepared_tfds_dir(data_dir: str, name: str, config: str | None) -> str:
           continue
   if not versions:
     raise readers.DataFormatError(
-        f"tfds:{name}{'/' + config if config else ''} is not prepared under {base} (expected "
+        f"tfds:{name}{'/' + builder_config if builder_config else ''} is not prepared under {base} (expected "
         f"{base}/<version>/dataset_info.json and its record files). ncjax never downloads: prepare it with "
         f"TensorFlow Datasets on a machine with network access (tfds build {name} --data_dir=...) and copy it here")
   return os.path.join(base, max(versions)[1])
 
 
-def load_prepared_tfds(name: str, config: str | None, data_dir: str, split: str) -> PairSplit:
+def load_prepared_tfds(name: str, builder_config: str | None, data_dir: str, split: str) -> PairSplit:
   import tensorflow_datasets as tfds
-  path = prepared_tfds_dir(data_dir, name, config)
+  path = prepared_tfds_dir(data_dir, name, builder_config)
   builder = tfds.builder_from_directory(path)
   info = builder.info
   if split not in info.splits:

@@ -68,23 +68,16 @@ from ncjax.data.web import dataset as web
 from ncjax.data.web import decode as web_decode
 from ncjax.data.web import stages as web_stages
 from ncjax.data.web.stages import Unit
-from ncjax.data.noise import BlockNoise, PermutedNoise, permuted_noise_from_config
+from ncjax.data.noise import BlockNoise, PermutedNoise, permuted_noise
+from ncjax.data.specs import WEB_DECODERS, WEB_MODES, WEB_READS, ConceptSpec, InputSpec, NoiseSpec, WebSpec
+from ncjax.tokenizers import TokenizerSpec
 from ncjax.data.pipeline import HOST_ONLY_PREFIX, BadRecordError, batch_axes, check_batch_divisible
 
 log = logging.getLogger("ncjax")
 
 PREFIX = "web:"
-MODES = ("auto", "index", "stream")
-READS = ("auto", "pair", "block")
-DECODERS = ("pil", "simplejpeg")
+MODES, READS, DECODERS = WEB_MODES, WEB_READS, WEB_DECODERS
 WINDOW_TAG = 0x77696E64   # 'wind'
-
-
-# input.web with its defaults (config_lib's section lists the same keys: tests/test_config.py checks they agree)
-WEB_DEFAULTS = dict(mode="auto", read="auto", block=64, shuffle_pairs=4096, weights="", resample=False, window=8,
-                    buffer=2048, mix_block=1000, caption_key="caption", clean_key="", cache_dir="",
-                    vocab_captions=200_000, max_vocab=65_536, decoder="pil", workers=0, max_inflight=64,
-                    io_deadline_s=store.DEFAULT_DEADLINE_S)
 
 
 def is_web(dataset: str) -> bool:
@@ -124,33 +117,13 @@ def parse_weights(weights, n: int, sizes) -> tuple[float, ...]:
   return tuple(values)
 
 
-def web_settings(input_config) -> dict:
-  """input.web with its defaults (a config without the section reads as all defaults)."""
-  out = dict(WEB_DEFAULTS)
-  given = input_config.get("web", None)
-  if given is not None:
-    unknown = set(given.keys()) - set(out)
-    if unknown:
-      raise ValueError(f"unknown input.web keys {sorted(unknown)}; known: {sorted(out)}")
-    out.update({k: given[k] for k in given.keys()})
-  if out["mode"] not in MODES:
-    raise ValueError(f"input.web.mode must be one of {MODES}, got {out['mode']!r}")
-  if out["read"] not in READS:
-    raise ValueError(f"input.web.read must be one of {READS}, got {out['read']!r}")
-  if out["decoder"] not in DECODERS:
-    raise ValueError(f"input.web.decoder must be one of {DECODERS}, got {out['decoder']!r}")
-  return out
-
-
-def open_datasets(input_config) -> tuple[list[web.WebDataset], dict]:
-  settings = web_settings(input_config)
-  roots = parse_roots(input_config.dataset)
-  use_index = settings["mode"] != "stream"
-  policy = store.RetryPolicy(deadline_s=float(settings["io_deadline_s"]))
-  datasets = [web.open_dataset(r, use_index=use_index, caption_key=settings["caption_key"],
-                               clean_key=settings["clean_key"], cache_dir=settings["cache_dir"], policy=policy)
-              for r in roots]
-  return datasets, settings
+def open_datasets(spec: InputSpec) -> list[web.WebDataset]:
+  """The datasets `spec.dataset` names ('web:A::B'), opened with `spec.web`'s settings."""
+  w = spec.web
+  policy = store.RetryPolicy(deadline_s=float(w.io_deadline_s))
+  return [web.open_dataset(r, use_index=w.mode != "stream", caption_key=w.caption_key, clean_key=w.clean_key,
+                           cache_dir=w.cache_dir, policy=policy)
+          for r in parse_roots(spec.dataset)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -173,21 +146,19 @@ def sample_captions(datasets, limit: int) -> list[str]:
   return out
 
 
-def web_tokenizer(kind: str, context_length: int, input_config, datasets, saved: dict | None = None):
-  """A resumed run's tokenizer; else the fixed vocabulary of `kind`; else (kind 'word') a word vocabulary counted
-  over at most input.web.vocab_captions captions and capped at input.web.max_vocab words (input.min_word_count
-  applies): its size does not grow with the data. Web-scale runs should prefer model.tokenizer=clip_bpe."""
+def web_tokenizer(spec: TokenizerSpec, web_spec: WebSpec, datasets, saved: dict | None = None):
+  """A resumed run's tokenizer; else the fixed vocabulary of `spec.kind`; else (kind 'word') a word vocabulary
+  counted over at most input.web.vocab_captions captions and capped at input.web.max_vocab words
+  (input.min_word_count applies): its size does not grow with the data. Web-scale runs should prefer
+  model.tokenizer=clip_bpe."""
   from ncjax import tokenizers
-  if saved is not None:
-    return tokenizers.tokenizer_from_json(saved)
-  if kind != "word":
-    return tokenizers.build_tokenizer([], context_length=context_length, kind=kind)
-  s = web_settings(input_config)
-  caps = sample_captions(datasets, int(s["vocab_captions"]))
+  if saved is not None or spec.kind != "word":
+    return spec.build(saved=saved)
+  caps = sample_captions(datasets, int(web_spec.vocab_captions))
   log.info("word vocabulary of the web data counted over %d captions, capped at %d words", len(caps),
-           s["max_vocab"])
-  return tokenizers.WordTokenizer.build(caps, context_length=context_length, min_count=input_config.min_word_count,
-                                        max_size=int(s["max_vocab"]))
+           web_spec.max_vocab)
+  return tokenizers.WordTokenizer.build(caps, context_length=spec.context_length, min_count=spec.min_word_count,
+                                        max_size=int(web_spec.max_vocab))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -615,21 +586,21 @@ class WebTrainData:
     return arrays, ids
 
 
-def train_data_from_config(input_config, noise_config, *, image_size: int, tokenizer_kind: str,
-                           context_length: int, mesh, saved_tokenizer: dict | None = None, concept=None):
-  """(WebTrainData, tokenizer) of `config.input` when input.dataset is 'web:...'."""
-  if concept is not None and (concept.classes or concept.subreddits or concept.keywords):
+def train_data(spec: InputSpec, noise: NoiseSpec, concept: ConceptSpec, tokenizer: TokenizerSpec, *,
+               image_size: int, mesh, saved_tokenizer: dict | None = None):
+  """(WebTrainData, tokenizer) of an input spec whose dataset is 'web:...'."""
+  if concept.named:
     raise ValueError("concept unlearning (concept.*) is not available on web data (input.dataset='web:...')")
-  datasets, s = open_datasets(input_config)
-  tokenizer = web_tokenizer(tokenizer_kind, context_length, input_config, datasets, saved_tokenizer)
+  datasets = open_datasets(spec)
+  built = web_tokenizer(tokenizer, spec.web, datasets, saved_tokenizer)
   n = sum(d.num_examples for d in datasets)
-  noise = permuted_noise_from_config(noise_config, n)
-  data = WebTrainData(datasets, tokenizer, input_config.global_batch_size, input_config.shuffle_seed, mesh,
-                      mode=s["mode"], read=s["read"], block=s["block"], shuffle_pairs=s["shuffle_pairs"],
-                      weights=s["weights"], resample=s["resample"], window=s["window"], buffer=s["buffer"],
-                      mix_block=s["mix_block"], noise=noise, image_size=image_size,
-                      normalization=input_config.normalization, augment=input_config.augment,
-                      crop_scale=input_config.crop_scale, on_bad_record=input_config.on_bad_record,
-                      num_threads=input_config.num_threads, prefetch=input_config.prefetch, decoder=s["decoder"],
-                      workers=s["workers"], max_inflight=s["max_inflight"], io_deadline_s=s["io_deadline_s"])
-  return data, tokenizer
+  w = spec.web
+  data = WebTrainData(datasets, built, spec.global_batch_size, spec.shuffle_seed, mesh,
+                      mode=w.mode, read=w.read, block=w.block, shuffle_pairs=w.shuffle_pairs,
+                      weights=w.weights, resample=w.resample, window=w.window, buffer=w.buffer,
+                      mix_block=w.mix_block, noise=permuted_noise(noise, n), image_size=image_size,
+                      normalization=spec.normalization, augment=spec.augment,
+                      crop_scale=spec.crop_scale, on_bad_record=spec.on_bad_record,
+                      num_threads=spec.num_threads, prefetch=spec.prefetch, decoder=w.decoder,
+                      workers=w.workers, max_inflight=w.max_inflight, io_deadline_s=w.io_deadline_s)
+  return data, built
