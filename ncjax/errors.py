@@ -15,9 +15,10 @@ NCJAX_DEBUG=1). Errors of ncjax itself (a bug) keep their traceback and exit sta
 
 On several processes the message is printed once: by process 0 for what every process finds the same way (the
 config, the data, the checkpoints, the device count), and by the process that found it for what is local to a host
-(storage). The process then exits at once, without the interpreter's shutdown, so that no background thread
-(orbax's writers, the input pipeline, a metrics uploader) prints after the message; the other processes stop within
-the heartbeat timeout, as when a process is lost.
+(storage). The processes wait for one another (at most 10 s: ncjax.main), then exit without the interpreter's
+shutdown, so that no background thread (orbax's writers, the input pipeline, a metrics uploader) prints after the
+message; where one process alone found the problem, the others stop within the heartbeat timeout, as when a process
+is lost.
 
 A leaf module: nothing of ncjax is imported here.
 """

@@ -400,7 +400,25 @@ def main(argv):
                            debug=_VERBOSE.value or errors.debug_requested([]))
     if status is None:
       raise
+    if count > 1:
+      _wait_for_the_others()
     errors.exit_now(status)
+
+
+def _wait_for_the_others(timeout_s: float = 10.0) -> None:
+  """Before a process leaves on a user error, wait (at most `timeout_s`) until every process has reached its own:
+  process 0 hosts JAX's coordination service, and leaving first would abort the others (SIGABRT on losing the
+  coordinator) instead of letting each exit with the error's status. A problem found by one process alone (its
+  disk) finds no partner: it leaves after the timeout, and the others stop as when a process is lost."""
+  if "jax" not in sys.modules:
+    return
+  try:
+    from jax._src import distributed
+    client = distributed.global_state.client
+    if client is not None:
+      client.wait_at_barrier("ncjax_user_error", int(timeout_s * 1000))
+  except Exception:  # noqa: BLE001 — best effort: the error is already reported, the exit must not be delayed
+    pass
 
 
 def run():
