@@ -75,7 +75,7 @@ def run_ncbench() -> dict:
   workdir = os.path.join(RESULTS_DIR, "ncbench")
   print(f"\n== NC-bench: configs/ncbench.py:{DEMO_BENCH} -> {workdir}", flush=True)
   shutil.rmtree(workdir, ignore_errors=True)
-  out = ncbench.run(cfg, workdir, log=lambda line: print(line, flush=True))
+  out = ncbench.run(cfg, workdir, log=lambda line: print(line, flush=True), show_table=False)   # in the summary
   out["workdir"] = workdir
   return out
 

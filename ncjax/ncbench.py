@@ -270,9 +270,10 @@ def write_plots(rows: list[dict], records: list[dict], workdir: str) -> list[str
   return paths
 
 
-def run(config, workdir: str, log=print) -> dict:
+def run(config, workdir: str, log=print, show_table: bool = True) -> dict:
   """The whole sweep (resumable); returns {'records', 'rows', 'table', 'plots'}. On several processes every one
-  trains every cell together; the tables and plots are written by process 0."""
+  trains every cell together; the tables and plots are written by process 0. `show_table=False`: the caller prints
+  the table itself (the demo, in its summary)."""
   import jax
   bench = config.bench
   cells = cells_of(bench)
@@ -305,6 +306,7 @@ def run(config, workdir: str, log=print) -> dict:
         + (f"; recovered: the share of the metric's drop from {reference} on clean captions to "
            f"{reference} at that noise that the method wins back" if reference else "") + f"\n\n{table}\n"))
     paths = write_plots(rows, records, workdir)
-  log(table)
+  if show_table:
+    log(table)
   log(f"results.csv, results.md and {len(paths)} plots under {workdir}")
   return dict(records=records, rows=rows, table=table, plots=paths)
