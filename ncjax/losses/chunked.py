@@ -100,6 +100,17 @@ def _logit_pass(axes: _Axes, v_loc, t_all, scale, chunk: int):
   return row.reshape(-1), (m, s)
 
 
+def _positive_lses(axes: _Axes, v_loc, t_loc, logit_scale, chunk: int):
+  """(row log-sum-exps, column log-sum-exps of this device's own columns, positive logits) of this device's rows of
+  Z = s V T^T, without the N x N matrix: what both InfoNCE and the softmax diagonals are made of."""
+  scale = jnp.exp(f32(logit_scale))
+  row_lse, (m, s) = _logit_pass(axes, v_loc, axes.gather(t_loc), scale, chunk)
+  col_lse = _column_lse(axes, m, s)
+  pos = scale * jnp.sum(v_loc * t_loc, axis=-1)
+  own = jax.lax.dynamic_slice_in_dim(col_lse, axes.offset(v_loc.shape[0]), v_loc.shape[0])
+  return row_lse, own, pos
+
+
 def infonce(image_emb, text_emb, logit_scale, *, chunk: int = 1024):
   """CLIP's symmetric InfoNCE (same value and gradients as ncjax.losses.contrastive.infonce) with O(chunk x N)
   activation memory per device. Returns (loss, metrics)."""
@@ -107,12 +118,7 @@ def infonce(image_emb, text_emb, logit_scale, *, chunk: int = 1024):
   n = v.shape[0]
 
   def fn(axes, v_loc, t_loc, logit_scale):
-    scale = jnp.exp(f32(logit_scale))
-    t_all = axes.gather(t_loc)
-    row_lse, (m, s) = _logit_pass(axes, v_loc, t_all, scale, chunk)
-    col_lse = _column_lse(axes, m, s)
-    pos = scale * jnp.sum(v_loc * t_loc, axis=-1)
-    own = jax.lax.dynamic_slice_in_dim(col_lse, axes.offset(v_loc.shape[0]), v_loc.shape[0])
+    row_lse, own, pos = _positive_lses(axes, v_loc, t_loc, logit_scale, chunk)
     i2t = axes.psum(jnp.sum(row_lse - pos))
     t2i = axes.psum(jnp.sum(own - pos))
     return 0.5 * (i2t + t2i) / n, i2t / n, t2i / n
@@ -127,13 +133,8 @@ def softmax_diagonals(image_emb, text_emb, logit_scale, *, chunk: int = 1024):
   n = v.shape[0]
 
   def fn(axes, v_loc, t_loc, logit_scale):
-    scale = jnp.exp(f32(logit_scale))
-    t_all = axes.gather(t_loc)
-    row_lse, (m, s) = _logit_pass(axes, v_loc, t_all, scale, chunk)
-    col_lse = _column_lse(axes, m, s)
-    pos = scale * jnp.sum(v_loc * t_loc, axis=-1)
+    row_lse, own, pos = _positive_lses(axes, v_loc, t_loc, logit_scale, chunk)
     offset = axes.offset(v_loc.shape[0])
-    own = jax.lax.dynamic_slice_in_dim(col_lse, offset, v_loc.shape[0])
     row = jnp.zeros((n,), jnp.float32).at[offset + jnp.arange(v_loc.shape[0])].set(jnp.exp(pos - row_lse))
     col = jnp.zeros((n,), jnp.float32).at[offset + jnp.arange(v_loc.shape[0])].set(jnp.exp(pos - own))
     return axes.psum(row), axes.psum(col)
