@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from helpers import leaves as _leaves, make_config, tiny_clip_config
-from ncjax import train
+from ncjax import checkpoint as ckpt_lib, train
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def test_ncu_stages_train_and_freeze_the_right_groups(clip_run, tmp_path):
   trainer = train.Trainer(cfg, str(tmp_path))
   spe = trainer.exp.steps_per_epoch
   init = _leaves(trainer.init_params())
-  clip_params = _leaves(train.ckpt_lib.restore_params(clip_run)[0])
+  clip_params = _leaves(ckpt_lib.restore_params(clip_run)[0])
   for k, v in clip_params.items():   # the model starts from the CLIP checkpoint
     np.testing.assert_array_equal(init[k], v)
   after_prompt = _leaves(trainer.run(until=spe).params)
@@ -60,11 +60,11 @@ def test_ncu_steps_on_8_devices_equal_steps_on_1_across_both_stages(clip_run, tm
   eight = train.train(cfg, str(tmp_path / "8"))
   one = train.train(cfg, str(tmp_path / "1"), devices=devices[:1])
   assert eight.experiment.steps_per_epoch == spe
-  meta = train.ckpt_lib.read_source_meta(str(tmp_path / "8"))
+  meta = ckpt_lib.read_source_meta(str(tmp_path / "8"))
   assert meta["stage"] == "unlearn" and "sinkhorn_iterations_img" in eight.metrics   # the masked-OT stage ran
   a, b = _leaves(eight.params), _leaves(one.params)
   # the image tower is frozen in the prompt stage: its change from the CLIP start is the unlearning stage's alone
-  start = _leaves(train.ckpt_lib.restore_params(clip_run)[0])
+  start = _leaves(ckpt_lib.restore_params(clip_run)[0])
   moved = max(float(np.max(np.abs(a[k] - start[k]))) for k in a if k.startswith("model/img/"))
   assert moved > 10 * 5e-5, moved
   for k in a:
