@@ -122,7 +122,7 @@ class WebDataset:
         with fileio.open_sequential(path) as f:
           if resume_at:
             f.seek(resume_at)
-          for key, _, end, parts in iter_samples(f, start=resume_at):
+          for key, begin, end, parts in iter_samples(f, start=resume_at):
             if j >= n:
               log.warning("%s holds more samples than its metadata's %d: the rest are not read", path, n)
               break
@@ -130,7 +130,9 @@ class WebDataset:
             if j >= last:
               break
             if j >= first:
-              yield make_sample(base + j, key, parts, self.caption_key)
+              sample = make_sample(base + j, key, parts, self.caption_key)
+              sample.span = (begin, end)   # where to read it again with one ranged read (an audit's report)
+              yield sample
             j += 1
         break
       except CorruptShard as e:

@@ -153,6 +153,7 @@ class Sample:
   caption: str | None = None
   meta: bytes | None = None
   bad: str = ""
+  span: tuple | None = None     # (first byte, end byte) of the sample in its tar, where the reader knows them
 
   def json(self) -> dict:
     if not self.meta:
