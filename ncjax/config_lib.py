@@ -160,12 +160,14 @@ def base_config() -> ml_collections.ConfigDict:
       # index; a word vocabulary counts at most vocab_captions captions and keeps at most max_vocab words;
       # decoder: 'pil' or 'simplejpeg' (JPEGs; pip install 'ncjax[web]'); workers: decode processes (0: the
       # input.num_threads threads of the training process; -1: one per usable core); max_inflight: ranged reads
-      # in flight; io_deadline_s: how long a read retries a store that does not answer before the run stops.
+      # in flight; io_deadline_s: how long a read retries a store that does not answer before the run stops;
+      # filter: a directory written by `ncjax filter` (the pairs to train on, chosen by their audit scores; ids stay
+      # the unfiltered data's: ncjax.data.web.subset), '' trains on every pair.
       web=ml_collections.ConfigDict(dict(mode="auto", read="auto", block=64, shuffle_pairs=4096, weights="",
                                          resample=False, window=8, buffer=2048, mix_block=1000,
                                          caption_key="caption", clean_key="", cache_dir="",
                                          vocab_captions=200_000, max_vocab=65_536, decoder="pil", workers=0,
-                                         max_inflight=64, io_deadline_s=300.0)),
+                                         max_inflight=64, io_deadline_s=300.0, filter="")),
   ))
 
   # Noise applied to the training pairs; the ground-truth clean flag is kept for diagnostics only.

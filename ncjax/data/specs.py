@@ -37,6 +37,7 @@ class WebSpec:
   workers: int = 0                # decode processes (0: threads of the training process; -1: one per core)
   max_inflight: int = 64          # ranged reads in flight
   io_deadline_s: float = 300.0    # how long a read retries a store that does not answer (ncjax.data.web.store)
+  filter: str = ""                # a directory written by `ncjax filter`: train on its kept pairs (web.subset)
 
   def __post_init__(self):
     for name, allowed in (("mode", WEB_MODES), ("read", WEB_READS), ("decoder", WEB_DECODERS)):

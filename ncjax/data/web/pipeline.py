@@ -168,12 +168,24 @@ class StreamReader:
   """Process p's stream of one dataset: its ordinal q -> Sample, read front to back (ordinals asked in increasing
   order; an earlier one, as after a resume, re-positions at the start of its window)."""
 
-  def __init__(self, ds: web.WebDataset, schedule: mix_lib.ShardSchedule, buffer: int):
-    self.ds, self.schedule, self.buffer = ds, schedule, int(buffer)
+  def __init__(self, ds: web.WebDataset, schedule: mix_lib.ShardSchedule, buffer: int, kept=None):
+    self.ds, self.schedule, self.buffer, self.kept = ds, schedule, int(buffer), kept
     self.window, self.it, self.next = None, None, 0
 
+  def _segment(self, s: int, a: int, b: int):
+    """Samples [a, b) of shard s; filtered (input.web.filter), its kept samples of ranks [a, b) within the shard."""
+    if self.kept is None:
+      return self.ds.iter_shard(s, a, b)
+    if a >= b:
+      return iter(())
+    base = int(self.ds.starts[s])
+    first_rank = int(self.kept.rank_at([base])[0])
+    ids = self.kept.select(np.asarray([first_rank + a, first_rank + b - 1]))
+    return (x for x in self.ds.iter_shard(s, int(ids[0]) - base, int(ids[1]) - base + 1)
+            if self.kept.contains([x.id])[0])
+
   def _open(self, window):
-    shards = [self.ds.iter_shard(int(s), int(a), int(b)) for s, a, b in window.segments]
+    shards = [self._segment(int(s), int(a), int(b)) for s, a, b in window.segments]
     self.window = window
     self.it = mix_lib.buffer_shuffle(mix_lib.interleave(shards), self.buffer, self.schedule.buffer_rng(window))
     self.next = window.start
@@ -207,7 +219,7 @@ class WebTrainData:
                augment: bool = True, crop_scale=(0.9, 1.0), on_bad_record: str = "skip", num_threads: int = 8,
                prefetch: int = 4, decoder: str = "pil", workers: int = 0, max_inflight: int = 64,
                io_deadline_s: float = store.DEFAULT_DEADLINE_S, process_index: int | None = None,
-               process_count: int | None = None):
+               process_count: int | None = None, subset=None):
     self.process_index = jax.process_index() if process_index is None else int(process_index)
     self.process_count = jax.process_count() if process_count is None else int(process_count)
     if mesh is not None:
@@ -220,9 +232,15 @@ class WebTrainData:
     self.datasets, self.tokenizer = list(datasets), tokenizer
     self.sizes = np.asarray([d.num_examples for d in self.datasets], np.int64)
     self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
-    self.num_examples = int(self.offsets[-1])
-    if global_batch_size > self.num_examples:
-      raise ValueError(f"global batch size {global_batch_size} exceeds the {self.num_examples} web pairs")
+    self.num_examples = int(self.offsets[-1])   # the id space: per-sample state is this long, filtered or not
+    # input.web.filter (ncjax.data.web.subset): the order runs over each dataset's kept pairs, which keep their ids
+    self.subset = subset
+    self.kept = list(subset.kept) if subset is not None else [None] * len(self.datasets)
+    self.order_sizes = subset.kept_sizes if subset is not None else self.sizes
+    self.num_trained = int(self.order_sizes.sum())
+    if global_batch_size > self.num_trained:
+      raise ValueError(f"global batch size {global_batch_size} exceeds the {self.num_trained} web pairs"
+                       + (" kept by the filter" if subset is not None else ""))
     if self.num_examples >= 2 ** 31:
       raise ValueError(f"{self.num_examples} pairs: example ids are int32 on the device (at most 2^31 - 1)")
     indexed = all(d.index is not None for d in self.datasets)
@@ -246,8 +264,8 @@ class WebTrainData:
     self.mode, self.read = mode, (read if mode == "index" else "")
     self.global_batch_size, self.seed, self.mesh = int(global_batch_size), int(seed), mesh
     self.local_batch_size = self.global_batch_size // self.process_count
-    self.steps_per_epoch = self.num_examples // self.global_batch_size
-    self.weights = parse_weights(weights, len(self.datasets), self.sizes)
+    self.steps_per_epoch = self.num_trained // self.global_batch_size
+    self.weights = parse_weights(weights, len(self.datasets), self.order_sizes)
     self.mixture = mix_lib.Mixture(self.weights, int(mix_block) if len(self.datasets) > 1 else 1, self.seed)
     self.block = max(1, int(block))
     self.steps_per_window = max(1, math.ceil(int(shuffle_pairs) / self.local_batch_size)) \
@@ -256,6 +274,9 @@ class WebTrainData:
       noise = BlockNoise(noise.n, noise.ratio, noise.seed, self.block, noise.derangement)
     if self.read == "pair" and isinstance(noise, BlockNoise):
       raise ValueError("block noise (a partner image from the same block) goes with input.web.read='block'")
+    if subset is not None and isinstance(noise, BlockNoise):
+      raise errors.ConfigurationError("injected block noise with input.web.filter: a noisy caption's partner may be a "
+                                      "pair the filter dropped, outside the blocks read; use input.web.read='pair'")
     self.noise = noise
     self.noise_sha256 = None if noise is None else noise.sha256
     if decoder not in DECODERS:
@@ -278,11 +299,13 @@ class WebTrainData:
     self.sharding = None if mesh is None else NamedSharding(mesh, P(batch_axes(mesh)))
     if mode == "index":
       self.orders = [mix_lib.BlockOrder(n, self.block, self.seed, d) if self.read == "block" else
-                     mix_lib.EpochPermutations(n, self.seed, d) for d, n in enumerate(self.sizes)]
+                     mix_lib.EpochPermutations(n, self.seed, d) for d, n in enumerate(self.order_sizes)]
+      self.orders = [order if kept is None else _KeptOrder(order, kept) for order, kept in zip(self.orders, self.kept)]
     else:
-      self.readers = [StreamReader(ds, mix_lib.ShardSchedule(ds.counts, self.seed, d, self.process_index,
-                                                             self.process_count, window, resample), buffer)
-                      for d, ds in enumerate(self.datasets)]
+      self.readers = [StreamReader(ds, mix_lib.ShardSchedule(
+          ds.counts if kept is None else kept.count_between(ds.starts), self.seed, d, self.process_index,
+          self.process_count, window, resample), buffer, kept)
+                      for d, (ds, kept) in enumerate(zip(self.datasets, self.kept))]
     self.resample, self.window, self.buffer = bool(resample), int(window), int(buffer)
     self.shuffle_pairs = int(shuffle_pairs)
     self.last_reads = dict(requests=0, bytes=0)
@@ -290,7 +313,9 @@ class WebTrainData:
     how = mode if mode == "stream" else f"index, {self.read} reads" + (
         f" (blocks of {self.block}, {self.steps_per_window} steps per window)" if self.read == "block" else "")
     log.info("web data (%s): %s", how, ", ".join(
-        f"{ds.name} {n} pairs {100 * s:.2f}%" for ds, n, s in zip(self.datasets, self.sizes, share)))
+        f"{ds.name} {n} pairs {100 * s:.2f}%" for ds, n, s in zip(self.datasets, self.order_sizes, share)))
+    if subset is not None:
+      log.info("%s", subset.describe())
 
   # --- order ------------------------------------------------------------------------------------------------------
   def _stream(self) -> int:
@@ -336,7 +361,7 @@ class WebTrainData:
     used = self.mixture.consumed(stream, upto)
     share = self.mixture.counts / self.mixture.counts.sum()
     return {ds.name or str(d): dict(share=float(share[d]), pairs_read=int(used[d]),
-                                    epochs=float(used[d] / max(1, self.sizes[d])))
+                                    epochs=float(used[d] / max(1, self.order_sizes[d])))
             for d, ds in enumerate(self.datasets)}
 
   def iterator_state(self, step: int) -> dict:
@@ -345,12 +370,14 @@ class WebTrainData:
                 num_examples=self.num_examples, processes=self.process_count,
                 datasets=[fileio.absolute(d.root) for d in self.datasets], weights=list(self.weights),
                 mix_block=self.mixture.block, resample=self.resample, window=self.window, buffer=self.buffer,
-                block=self.block, steps_per_window=self.steps_per_window, composition=self.composition(step))
+                block=self.block, steps_per_window=self.steps_per_window, composition=self.composition(step),
+                filter=self.subset.digest if self.subset is not None else "")
 
   def order_settings(self) -> dict:
     """What the order of the remaining steps depends on (beyond seed and step), with the config key of each."""
     out = {"input.web.mode": ("kind", f"web_{self.mode}"), "input.web.weights": ("weights", list(self.weights)),
-           "input.web.mix_block": ("mix_block", self.mixture.block)}
+           "input.web.mix_block": ("mix_block", self.mixture.block),
+           "input.web.filter": ("filter", self.subset.digest if self.subset is not None else "")}
     if self.mode == "index":
       out["input.web.read"] = ("read", self.read)
     if self.mode == "stream" or self.read == "block":
@@ -373,6 +400,8 @@ class WebTrainData:
       before = saved.get(field)
       if field == "read" and before is None:
         before = "pair"   # checkpoints written before input.web.read existed read per pair
+      if field == "filter" and before is None:
+        before = ""       # checkpoints written before input.web.filter existed trained on every pair
       if before is not None and before != value:
         differ.append(f"{key}: checkpoint {before!r}, now {value!r}")
     if differ:
@@ -469,9 +498,16 @@ class WebTrainData:
     spans = []
     for d in np.unique(np.searchsorted(self.offsets, used, side="right") - 1):
       local = used[(used >= self.offsets[d]) & (used < self.offsets[d + 1])] - self.offsets[d]
-      for blk in np.unique(local // self.block):
-        lo = int(self.offsets[d] + blk * self.block)
-        spans.append((lo, int(min(lo + self.block, self.offsets[d + 1]))))
+      kept = self.kept[d]
+      if kept is None:
+        for blk in np.unique(local // self.block):
+          lo = int(self.offsets[d] + blk * self.block)
+          spans.append((lo, int(min(lo + self.block, self.offsets[d + 1]))))
+      else:   # a block of consecutive kept ranks: the ids from its first to its last kept pair, one request
+        blocks = np.unique(kept.rank(local) // self.block)
+        firsts = kept.select(blocks * self.block)
+        lasts = kept.select(np.minimum((blocks + 1) * self.block, kept.kept) - 1)
+        spans.extend((int(self.offsets[d] + a), int(self.offsets[d] + b + 1)) for a, b in zip(firsts, lasts))
     runs = self._runs(spans)
 
     def build(raw):
@@ -586,6 +622,17 @@ class WebTrainData:
     return arrays, ids
 
 
+class _KeptOrder:
+  """A filtered dataset's order: the unfiltered order's permutation over the kept ranks, then the kept id of each
+  rank (ncjax.data.web.subset.KeptSet.select)."""
+
+  def __init__(self, order, kept):
+    self.order, self.kept = order, kept
+
+  def __call__(self, ordinals) -> np.ndarray:
+    return self.kept.select(self.order(ordinals))
+
+
 def train_data(spec: InputSpec, noise: NoiseSpec, concept: ConceptSpec, tokenizer: TokenizerSpec, *,
                image_size: int, mesh, saved_tokenizer: dict | None = None):
   """(WebTrainData, tokenizer) of an input spec whose dataset is 'web:...'."""
@@ -602,5 +649,14 @@ def train_data(spec: InputSpec, noise: NoiseSpec, concept: ConceptSpec, tokenize
                       normalization=spec.normalization, augment=spec.augment,
                       crop_scale=spec.crop_scale, on_bad_record=spec.on_bad_record,
                       num_threads=spec.num_threads, prefetch=spec.prefetch, decoder=w.decoder,
-                      workers=w.workers, max_inflight=w.max_inflight, io_deadline_s=w.io_deadline_s)
+                      workers=w.workers, max_inflight=w.max_inflight, io_deadline_s=w.io_deadline_s,
+                      subset=_subset(w, datasets))
   return data, built
+
+
+def _subset(web: WebSpec, datasets):
+  """input.web.filter's kept pairs, checked against the datasets (None without a filter)."""
+  if not web.filter:
+    return None
+  from ncjax.data.web import subset
+  return subset.open_subset(web.filter, datasets, web.cache_dir)
