@@ -9,6 +9,11 @@
   ncjax export --checkpoint=WORKDIR[:STEP] --format=open_clip|hf --output=DIR  (back to PyTorch tools)
   ncjax audit --checkpoint=WORKDIR[:STEP]|--init=SPEC [--config=...] [--dataset=...] --output=DIR
                                                   (every pair ranked by suspicion: audit.csv and index.html)
+  ncjax audit --init=SPEC|--checkpoint=WORKDIR --dataset=web:ROOT --output=DIR [--score=method --sample=100]
+                                                  (web data at any size, on N processes: per-shard score files,
+                                                   resumable; a report from the top suspects and a random sample)
+  ncjax filter --scores=DIR --keep=0.7|--min_score=X [--per_dataset --write_keys --write_shards=ROOT] --output=F
+                                                  (the pairs to train on: --config.input.web.filter=F)
   ncjax ncbench --config=configs/ncbench.py:noise=0.2+0.4,seeds=3,methods=clip+ncu+gsc --workdir=DIR
                                                   (every method on the same noise, data and budget)
 
@@ -105,6 +110,17 @@ _SCORE = flags.DEFINE_enum("score", "auto", ["auto", "similarity", "method"], "a
                            "scores (method: GSC labels, Bayesian CL weights, NCU scores), the model's similarity of "
                            "each pair, or auto (the method's when it keeps them and the pairs are its own)")
 _TOP = flags.DEFINE_integer("top", 100, "audit: the most suspicious pairs shown as thumbnails in index.html")
+_SAMPLE = flags.DEFINE_integer("sample", 100, "audit of web data: a random sample of pairs shown beside the suspects")
+_PROGRESS_EVERY = flags.DEFINE_float("progress_every", 30.0, "audit of web data: seconds between progress lines "
+                                     "(pairs/s, ETA) of each process; 0: only at the end")
+_SCORES = flags.DEFINE_string("scores", None, "filter: the --output of a web audit (its per-shard score files)")
+_KEEP = flags.DEFINE_float("keep", None, "filter: the fraction of scored pairs to keep, the highest scores")
+_MIN_SCORE = flags.DEFINE_float("min_score", None, "filter: keep every pair scoring at least this")
+_PER_DATASET = flags.DEFINE_bool("per_dataset", False, "filter: --keep of each dataset of a mixture apart")
+_WRITE_KEYS = flags.DEFINE_bool("write_keys", False, "filter: also write OUTPUT/kept_keys/d<d>.parquet (shard, key, "
+                                "id, score of every kept pair) for tools outside ncjax")
+_WRITE_SHARDS = flags.DEFINE_string("write_shards", "", "filter: also write the kept pairs as img2dataset-layout "
+                                    "shards under this root (each of --num_processes processes its share)")
 _FORMAT = flags.DEFINE_enum("format", "open_clip", ["open_clip", "hf"], "export: open_clip folder or transformers "
                             "CLIPModel directory")
 _MODULE = flags.DEFINE_string("module", "model", "export: which two-tower module of the method ('model'; 'net_a' "
@@ -115,7 +131,7 @@ _PLUGINS = flags.DEFINE_list("plugins", [], "Python files (path/to/my_method.py)
 
 _VERBOSE = flags.DEFINE_bool("verbose", False, "On an error, print its traceback as well (also NCJAX_DEBUG=1)")
 
-COMMANDS = ("train", "eval", "export", "ncbench", "audit")
+COMMANDS = ("train", "eval", "export", "ncbench", "audit", "filter")
 
 
 def load_plugins(specs) -> list:
@@ -317,9 +333,41 @@ def audit_command(config):
     raise errors.ConfigurationError("audit needs --output=DIR and --checkpoint=WORKDIR[:STEP] or --init=SPEC "
                                     "(with --config)")
   workdir, step = _split_checkpoint(_CHECKPOINT.value) if _CHECKPOINT.value else ("", None)
+  if _web_audit_wanted(workdir, config):
+    from ncjax import web_audit
+    return web_audit.run(_OUTPUT.value, checkpoint=workdir, step=step, init=_INIT.value or "", config=config,
+                         dataset=_DATASET.value, score=_SCORE.value, top=_TOP.value, sample=_SAMPLE.value,
+                         threads=_NUM_WORKERS.value if _NUM_WORKERS.value is not None else 8,
+                         workers=(_NUM_WORKERS.value or 1) if _DECODE.value == "process" else 0,
+                         progress_every=_PROGRESS_EVERY.value)
   return audit.run(_OUTPUT.value, top=_TOP.value, checkpoint=workdir, step=step, init=_INIT.value or "",
                    config=config, dataset=_DATASET.value, split=_SPLIT.value, data_dir=_DATA_DIR.value,
                    score=_SCORE.value)
+
+
+def _web_audit_wanted(workdir: str, config) -> bool:
+  """A web dataset to audit: --dataset=web:..., else the run's (or the config's) training data."""
+  from ncjax.data.web import pipeline as web_pipeline
+  if _DATASET.value:
+    return web_pipeline.is_web(_DATASET.value)
+  if workdir:
+    from ncjax import checkpoint as ckpt_lib
+    try:
+      return web_pipeline.is_web(ckpt_lib.read_source_meta(workdir)["config"]["input"]["dataset"])
+    except Exception:  # noqa: BLE001 — no readable checkpoint: the audit's own restore reports it
+      return False
+  return config is not None and web_pipeline.is_web(config.input.dataset)
+
+
+def filter_command():
+  """`ncjax filter`: the pairs to train on, chosen from a web audit's score files."""
+  from ncjax import web_audit
+  if not _SCORES.value or not _OUTPUT.value:
+    raise errors.ConfigurationError("filter needs --scores=AUDIT_OUTPUT, --keep=FRACTION or --min_score=X and "
+                                    "--output=FILTER_DIR")
+  return web_audit.filter_command(_SCORES.value, _OUTPUT.value, keep=_KEEP.value, min_score=_MIN_SCORE.value,
+                                  per_dataset=_PER_DATASET.value, keys=_WRITE_KEYS.value, shards=_WRITE_SHARDS.value,
+                                  process_index=_PROCESS_ID.value, process_count=_NUM_PROCESSES.value)
 
 
 def _upload(local: str, remote: str) -> str:
@@ -342,6 +390,10 @@ def _dispatch(argv):
   if command == "audit":
     _init_jax()
     audit_command(_CONFIG.value)
+    return
+  if command == "filter":   # no JAX: it reads and writes files
+    _quiet_logging()
+    filter_command()
     return
   if command == "eval":
     _init_jax()

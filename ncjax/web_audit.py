@@ -1,0 +1,742 @@
+"""`ncjax audit` of web-scale data, and `ncjax filter`: every pair of img2dataset output scored on N processes, a
+subset chosen from the scores, and a report read from a bounded sample of them.
+
+  ncjax audit --init=open_clip:PATH --dataset=web:gs://bucket/laion --output=gs://bucket/audit [--distributed]
+  ncjax audit --checkpoint=RUN [--score=method]  --output=DIR        (a run on web data: its own pairs)
+  ncjax filter --scores=DIR --keep=0.7 [--per_dataset] --output=FILTER_DIR [--write_keys] [--write_shards=ROOT]
+  ncjax train --config=...:data=web:gs://bucket/laion --config.input.web.filter=FILTER_DIR ...
+
+Scoring (`score_web`). Shard g of the datasets (in id order) belongs to process g mod P. Each process scores its own
+shards on its own devices only (a mesh of its local devices, the batch split over them; parameters replicated there),
+so processes never wait for one another while they score and a pod scores P times as fast as one host: a shard is
+streamed front to back (ncjax.data.web.dataset.iter_shard: local or gs://, the store's faults retried), decoded on
+threads or worker processes with the evaluation transform (ncjax.data.web.decode, as training decodes, so the
+records that training skips are the records counted bad here), embedded and scored pair by pair (the model's
+`pair_score`, else its geometry's score of each row: cosine for CLIP, the Lorentzian inner product for MERU). When
+every pair of a shard is scored its score file is written whole (ncjax.data.web.score_files); memory is the
+decoder's batches in flight and one shard's rows. A resumed audit lists the score files once and skips finished
+shards; the one a kill interrupted is scored again. Each process prints its pairs/s and ETA every
+`progress_every` seconds.
+
+The run's own per-sample state (`--score=method`: GSC's labels, Bayesian CL's weights, NCU's scores), for the pairs
+the run trained on, stays split over the whole mesh as training left it: every process reads it in chunks of
+`STATE_CHUNK` ids (a jitted slice replicated to every process: every process runs the same number of chunks) and
+writes its own shards' files; keys come from the shards' parquet (their tar where there is none), byte ranges and
+clean flags from the index where it is built. No image is read.
+
+Report (`write_report`, process 0, after every shard is scored): one scan of the score files keeps the `top` lowest
+scores, a uniform sample of `sample` pairs (the smallest hashes of their ids: the same whatever the scan order) and
+histograms of the scores (2^20 bins of their float32 bit patterns: the AUC against the data's clean flags, exact
+up to ties inside a bin, and the score histogram, clean and noisy apart); the pairs shown are fetched with one
+ranged read each (their byte range from the score file). Writes OUT/index.html (thumbnails under OUT/thumbs/),
+OUT/scores.png, OUT/roc.png (with clean flags), OUT/suspects.csv, OUT/sample.csv and OUT/audit.json.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import html
+import io
+import json
+import logging
+import queue
+import threading
+import time
+
+import jax
+import numpy as np
+
+from ncjax import config_lib, errors, evaluation, fileio
+from ncjax import sharding as shard_lib
+from ncjax.data.web import dataset as web
+from ncjax.data.web import decode as web_decode
+from ncjax.data.web import pipeline as web_pipeline
+from ncjax.data.web import score_files, store, subset
+from ncjax.evals import common
+
+log = logging.getLogger("ncjax")
+
+STATE_CHUNK = 1 << 20       # ids of per-sample state read per collective step (4 MiB of float32)
+THUMB = 96                  # thumbnail side in pixels
+HIST_SHIFT = 12             # histogram bins: the score's ordered float32 key >> 12 (2^20 bins, ~2^-11 relative)
+SAMPLE_SEED = 0x73616D70    # 'samp': the hash that picks the report's random sample
+
+
+@dataclasses.dataclass
+class Scorer:
+  """What scores the pairs: the method and its restored parameters (and per-sample state), where they came from."""
+  method: object
+  state: dict
+  resolved: object
+  tokenizer: object
+  mesh: object
+  info: dict
+  own_dataset: str      # the web:... spec the run trained on ('' for a pretrained model)
+
+
+def restore(*, checkpoint: str = "", step: int | None = None, init: str = "", config=None) -> Scorer:
+  """A run's checkpoint (its latest unless `step`) or a pretrained model under `config` (default: configs/clip.py)."""
+  if bool(checkpoint) == bool(init):
+    raise errors.ConfigurationError("audit needs --checkpoint=WORKDIR[:STEP] or --init=SPEC (one of them)")
+  if checkpoint:
+    if step is None:
+      from ncjax import checkpoint as ckpt_lib
+      manager = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(checkpoint), async_save=False)
+      step = manager.latest_step()
+      manager.close()
+      if step is None:
+        raise errors.MissingCheckpoint(f"{checkpoint} holds no checkpoint (expected "
+                                       f"{checkpoint}/checkpoints/<step>/)")
+    method, state, resolved, meta, tokenizer, mesh = evaluation.restore_for_eval(checkpoint, step)
+    info = dict(checkpoint=fileio.absolute(checkpoint), step=int(step), method=method.name,
+                num_examples=int(meta["num_examples"]))
+    return Scorer(method, state, resolved, tokenizer, mesh, info, resolved.config.input.dataset)
+  config = config if config is not None else config_lib.load_config_file("clip")
+  method, state, resolved, tokenizer, mesh = evaluation.restore_pretrained(config, init)
+  return Scorer(method, state, resolved, tokenizer, mesh, dict(init=init, method=method.name), "")
+
+
+def _web_settings(cfg) -> dict:
+  """input.web's reading keys of a config (absent keys: their defaults)."""
+  given = cfg.input.get("web", None) if cfg is not None else None
+  get = (lambda k, default: given.get(k, default)) if given is not None else (lambda k, default: default)
+  return dict(caption_key=get("caption_key", "caption"), clean_key=get("clean_key", ""),
+              cache_dir=get("cache_dir", ""), io_deadline_s=float(get("io_deadline_s", store.DEFAULT_DEADLINE_S)))
+
+
+def open_web(spec: str, cfg=None) -> list[web.WebDataset]:
+  """The datasets of a 'web:ROOT[::ROOT2]' spec, read with `cfg`'s input.web keys (caption and clean keys, cache)."""
+  if not web_pipeline.is_web(spec):
+    raise errors.ConfigurationError(f"a web audit scores 'web:ROOT' data, got {spec!r}")
+  s = _web_settings(cfg)
+  policy = store.RetryPolicy(deadline_s=s["io_deadline_s"])
+  return [web.open_dataset(root, caption_key=s["caption_key"], clean_key=s["clean_key"], cache_dir=s["cache_dir"],
+                           policy=policy) for root in web_pipeline.parse_roots(spec)]
+
+
+def _barrier(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# progress
+# ---------------------------------------------------------------------------------------------------------------
+class Progress:
+  """Pairs scored by this process against its share, printed every `every` seconds: rate and ETA."""
+
+  def __init__(self, total: int, shards: int, every: float, skipped_shards: int = 0):
+    self.total, self.shards, self.every = int(total), int(shards), float(every)
+    self.done, self.bad, self.shards_done = 0, 0, 0
+    self.start = self.last = time.monotonic()
+    self.skipped_shards = skipped_shards
+
+  def line(self) -> str:
+    elapsed = max(1e-9, time.monotonic() - self.start)
+    rate = self.done / elapsed
+    eta = (self.total - self.done) / rate if rate > 0 else float("nan")
+    eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if np.isfinite(eta) else "?"
+    who = f"process {jax.process_index()}/{jax.process_count()}" if jax.process_count() > 1 else "scoring"
+    return (f"{who}: {self.done:,} of {self.total:,} pairs ({100 * self.done / max(1, self.total):.1f}%), "
+            f"shard {self.shards_done}/{self.shards}, {rate:,.0f} pairs/s, ETA {eta_text}, {self.bad:,} bad"
+            + (f" ({self.skipped_shards} shards already scored)" if self.skipped_shards else ""))
+
+  def add(self, pairs: int, bad: int = 0) -> None:
+    self.done += pairs
+    self.bad += bad
+    now = time.monotonic()
+    if self.every > 0 and now - self.last >= self.every:
+      self.last = now
+      print(self.line(), flush=True)
+
+  def rate(self) -> float:
+    return self.done / max(1e-9, time.monotonic() - self.start)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scoring
+# ---------------------------------------------------------------------------------------------------------------
+def local_mesh():
+  """This process's own devices as a one-axis mesh: scoring needs no other process."""
+  from jax.sharding import Mesh
+  return Mesh(np.asarray(jax.local_devices()), ("data",))
+
+
+def pair_score_fn(method, mesh):
+  """jit(params, images, tokens) -> each pair's score, the batch split over `mesh`, parameters replicated."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  def fn(params, images, tokens):
+    model = method.model_for_eval(params)
+    zi, zt = model.encode_image(images), model.encode_text(tokens)
+    if model.pair_score is not None:
+      return model.pair_score(zi, zt)
+    return jax.vmap(lambda a, b: model.score(a[None], b[None])[0, 0])(zi, zt)
+
+  rows = NamedSharding(mesh, P("data"))
+  return jax.jit(fn, in_shardings=(NamedSharding(mesh, P()), rows, rows), out_shardings=rows), rows
+
+
+def my_shards(manifest: dict, process: int, processes: int) -> list[tuple[int, int, str, int, int]]:
+  """Shard g (in id order over the datasets) belongs to process g mod P."""
+  return [item for g, item in enumerate(score_files.shards_of(manifest)) if g % processes == process]
+
+
+def _meta(manifest: dict, d: int, s: int) -> dict:
+  ds = manifest["datasets"][d]
+  return dict(dataset=d, shard=ds["shards"][s], size=ds["sizes"][s], count=ds["counts"][s], root=ds["root"],
+              scorer_digest=manifest["scorer_digest"])
+
+
+def _similarity(scorer: Scorer, datasets, manifest: dict, out: str, work, *, batch_size: int, threads: int,
+                workers: int, prefetch: int, progress: Progress) -> None:
+  """Score this process's shards `work` with the model's similarity, on this process's devices."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = local_mesh()
+  n_dev = mesh.devices.size
+  bs = max(n_dev, batch_size // n_dev * n_dev)
+  params = jax.device_put(jax.tree.map(common.host_values, scorer.state["params"]), NamedSharding(mesh, P()))
+  fn, rows_sharding = pair_score_fn(scorer.method, mesh)
+  cfg = scorer.resolved.config
+  settings = web_decode.DecodeSettings(int(scorer.resolved.model.image_size), cfg.input.normalization, False,
+                                       (1.0, 1.0), "pil", scorer.tokenizer.to_json() if workers > 0 else "")
+  decoder = web_decode.make_decoder(settings, scorer.tokenizer, workers=workers, threads=threads)
+  context = scorer.tokenizer.context_length
+  offsets = [ds["offset"] for ds in manifest["datasets"]]
+  items: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+  stop = threading.Event()
+
+  def put(item):
+    while not stop.is_set():
+      try:
+        items.put(item, timeout=0.5)
+        return
+      except queue.Full:
+        continue
+
+  def produce():
+    try:
+      for d, s, _, first, n in work:
+        ds = datasets[d]
+        batch = []
+        for sample in ds.iter_shard(s):
+          if stop.is_set():
+            return
+          gid = int(offsets[d] + sample.id)
+          clean = -1 if not ds.clean_key or sample.bad else int(ds.own_clean(sample))
+          span = sample.span or (-1, -1)
+          batch.append((web_decode.ExampleSpec(gid, sample.caption, sample.image, (), True, sample.bad),
+                        sample.key, span[0], span[1] - span[0] if span[0] >= 0 else -1, clean))
+          if len(batch) == bs:
+            put(("batch", d, s, batch, decoder.submit([b[0] for b in batch], context)))
+            batch = []
+        if batch:
+          put(("batch", d, s, batch, decoder.submit([b[0] for b in batch], context)))
+        put(("end", d, s, first, n))
+      put(("done",))
+    except BaseException as e:  # noqa: BLE001 — handed to the scoring loop, which raises it
+      put(("error", e))
+
+  reader = threading.Thread(target=produce, name="ncjax-audit-read", daemon=True)
+  reader.start()
+  columns = {}
+  try:
+    while True:
+      item = items.get()
+      if item[0] == "error":
+        raise item[1]
+      if item[0] == "done":
+        break
+      if item[0] == "end":
+        _, d, s, first, n = item
+        rows = columns.pop((d, s), None) or {k: [] for k in score_files.COLUMNS}
+        if len(rows["id"]) != n or (n and (rows["id"][0] != first or rows["id"][-1] != first + n - 1)):
+          raise RuntimeError(f"shard {s} of dataset {d}: {len(rows['id'])} pairs scored for {n}")
+        score_files.write_shard(score_files.shard_file(out, d, manifest["datasets"][d]["shards"][s]), rows,
+                                _meta(manifest, d, s))
+        progress.shards_done += 1
+        continue
+      _, d, s, batch, pending = item
+      images, tokens, errs = pending.result()
+      k = len(batch)
+      if k < bs:   # the shard's last batch: padded with repeats of its first row (one compiled shape)
+        images = np.concatenate([images, np.repeat(images[:1], bs - k, 0)])
+        tokens = np.concatenate([tokens, np.repeat(tokens[:1], bs - k, 0)])
+      scores = np.asarray(fn(params, jax.device_put(images, rows_sharding), jax.device_put(tokens, rows_sharding)),
+                          np.float32)[:k]
+      rows = columns.setdefault((d, s), {c: [] for c in score_files.COLUMNS})
+      for (spec, key, offset, length, clean), score, err in zip(batch, scores, errs):
+        rows["id"].append(spec.id)
+        rows["key"].append(key)
+        rows["score"].append(np.float32("nan") if err is not None else score)
+        rows["bad"].append(err or "")
+        rows["offset"].append(offset)
+        rows["length"].append(length)
+        rows["clean"].append(clean)
+      progress.add(k, sum(e is not None for e in errs))
+  finally:
+    stop.set()
+    while reader.is_alive():
+      try:
+        items.get_nowait()
+      except queue.Empty:
+        reader.join(0.1)
+    decoder.close()
+
+
+def shard_keys(ds: web.WebDataset, s: int) -> list[str]:
+  """The keys of shard s's samples in tar order: from its parquet's successful rows (no tar read), else its tar."""
+  n = int(ds.counts[s])
+  parquet = web._stem(ds.shards[s]) + ".parquet"   # noqa: SLF001 — the layout's sibling-file rule
+  if fileio.exists(parquet):
+    import pyarrow.parquet as pq
+    with fileio.open_file(parquet, "rb") as f:
+      pf = pq.ParquetFile(f)
+      names = pf.schema_arrow.names
+      if "key" in names:
+        table = pf.read(columns=[c for c in ("key", "status") if c in names])
+        keys = table.column("key").to_pylist()
+        if "status" in names:
+          keys = [k for k, st in zip(keys, table.column("status").to_pylist()) if st == "success"]
+        if len(keys) >= n:
+          return [str(k) for k in keys[:n]]
+  keys = [x.key for x in ds.iter_shard(s)]
+  return keys + [""] * (n - len(keys))
+
+
+def _method_state(scorer: Scorer, datasets, manifest: dict, out: str, work, done: set, progress: Progress) -> None:
+  """Write this process's shards' files from the run's per-sample clean scores (a collective over every process:
+  each reads the state in the same chunks)."""
+  model = scorer.method.eval_model(scorer.state["params"], scorer.state.get("method_state") or None)
+  if model.clean_scores is None:
+    raise errors.ConfigurationError(f"--score=method: {scorer.method.name} keeps no per-sample clean scores; use "
+                                    f"--score=similarity")
+  values = model.clean_scores[0]
+  total = manifest["num_examples"]
+  capacity = int(values.shape[0])
+  if capacity < total:
+    raise errors.DataError(f"the run's per-sample state holds {capacity} pairs, the data {total}: it was trained on "
+                           f"other data")
+  chunk = min(STATE_CHUNK, capacity)
+  mesh = scorer.mesh
+  take = jax.jit(lambda x, i: jax.lax.dynamic_slice_in_dim(x, i, chunk), out_shardings=shard_lib.replicated(mesh))
+  pending = [w for w in work if (w[0], w[1]) not in done]
+  buffers: dict = {}
+  offsets = [ds["offset"] for ds in manifest["datasets"]]
+  for a in range(0, total, chunk):          # the same chunks on every process
+    start = min(a, capacity - chunk)
+    got = np.asarray(take(values, start).addressable_data(0), np.float32)[a - start:]
+    b = min(total, a + len(got))
+    for d, s, name, first, n in pending:
+      lo, hi = max(first, a), min(first + n, b)
+      if lo >= hi:
+        continue
+      buffers.setdefault((d, s), np.empty(n, np.float32))[lo - first:hi - first] = got[lo - a:hi - a]
+      if hi == first + n:   # the shard's last id is in: its file is complete
+        ds = datasets[d]
+        local = np.arange(first, first + n, dtype=np.int64) - offsets[d]
+        if ds.index is not None:
+          _, starts, ends = ds.index.sample_ranges(ds, local)
+          lengths = np.where(starts >= 0, ends - starts, -1)
+        else:
+          starts = lengths = np.full(n, -1, np.int64)
+        clean = ds.clean_flags(local)
+        rows = dict(id=np.arange(first, first + n), key=shard_keys(ds, s), score=buffers.pop((d, s)),
+                    bad=[""] * n, offset=starts, length=lengths,
+                    clean=np.full(n, -1, np.int8) if clean is None else clean.astype(np.int8))
+        score_files.write_shard(score_files.shard_file(out, d, name), rows, _meta(manifest, d, s))
+        progress.shards_done += 1
+        progress.add(n)
+
+
+def score_web(out: str, scorer: Scorer, dataset: str = "", *, score: str = "auto", batch_size: int | None = None,
+              threads: int = 8, workers: int = 0, prefetch: int = 4,
+              progress_every: float = 30.0) -> tuple[dict, Progress]:
+  """Score every pair of `dataset` (default: the run's own web data) into OUT/scores; resumes a partial OUT.
+  Returns the score manifest and this process's progress (its pairs and rate)."""
+  cfg = scorer.resolved.config
+  spec = dataset or scorer.own_dataset
+  if not spec:
+    raise errors.ConfigurationError("a web audit needs --dataset=web:ROOT (or a --checkpoint of a run on web data)")
+  own = bool(scorer.own_dataset) and spec == scorer.own_dataset
+  datasets = open_web(spec, cfg)
+  sizes = [ds.num_examples for ds in datasets]
+  total = int(sum(sizes))
+  if own and scorer.info.get("num_examples") not in (None, total):
+    raise errors.DataError(f"{spec} holds {total} pairs, the run {scorer.info['checkpoint']} trained on "
+                           f"{scorer.info['num_examples']}: the data changed since")
+  has_state = scorer.method.clean_scores(scorer.state["params"], scorer.state.get("method_state") or {}) \
+      is not None if own and scorer.state.get("method_state") else False
+  kind = score
+  if score == "auto":
+    kind = "method" if own and has_state else "similarity"
+  if kind == "method" and not own:
+    raise errors.ConfigurationError("--score=method scores the run's own training pairs only (its per-sample state "
+                                    "is indexed by their ids); drop --dataset or use --score=similarity")
+  if kind == "similarity" and own and cfg.noise.kind not in ("none", "in_batch_resample"):
+    log.warning("the similarity of each pair as stored: the run's injected noise (noise.kind=%s) is not applied",
+                cfg.noise.kind)
+  scorer_info = dict(scorer.info, kind=kind if kind == "similarity" else f"method:{scorer.method.name}",
+                     image_size=int(scorer.resolved.model.image_size), normalization=cfg.input.normalization)
+  scorer_info.pop("num_examples", None)
+  identities = [subset.dataset_identity(ds) for ds in datasets]
+  manifest = score_files.make_manifest(identities, np.concatenate([[0], np.cumsum(sizes)])[:-1], scorer_info)
+  if jax.process_index() == 0:
+    existing = score_files.read_manifest(out)
+    if existing is None:
+      fileio.write_text(fileio.join(score_files.scores_dir(out), "manifest.json"), json.dumps(manifest, indent=1))
+  _barrier("ncjax-web-audit-manifest")
+  existing = score_files.require_manifest(out)
+  differ = score_files.same_work(existing, manifest)
+  if differ:
+    raise errors.ConfigurationError(f"{out} holds the scores of {differ}: resume with the same model and data, or "
+                                    f"write to a new --output")
+  work = my_shards(manifest, jax.process_index(), jax.process_count())
+  done = score_files.finished(out, manifest)
+  todo = [w for w in work if (w[0], w[1]) not in done]
+  progress = Progress(sum(w[4] for w in todo), len(todo), progress_every, len(work) - len(todo))
+  if jax.process_index() == 0:
+    print(f"scoring {total:,} pairs of {spec} ({len(score_files.shards_of(manifest))} shards, "
+          f"{len(done)} already scored) on {jax.process_count()} process(es): {scorer_info['kind']}", flush=True)
+  if kind == "method":
+    _method_state(scorer, datasets, manifest, out, work, done, progress)
+  elif todo:
+    size = int(batch_size or cfg.input.eval_batch_size)
+    _similarity(scorer, datasets, manifest, out, todo, batch_size=max(1, size // jax.process_count()),
+                threads=threads, workers=workers, prefetch=prefetch, progress=progress)
+  if progress_every > 0 or jax.process_count() > 1:
+    print(progress.line(), flush=True)
+  _barrier("ncjax-web-audit-scored")
+  return existing, progress
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the report, from the score files
+# ---------------------------------------------------------------------------------------------------------------
+def _hash(ids: np.ndarray) -> np.ndarray:
+  """splitmix64 of each id with SAMPLE_SEED: a uniform, order-free choice of the report's sample."""
+  with np.errstate(over="ignore"):
+    z = np.asarray(ids, np.uint64) + np.uint64(SAMPLE_SEED) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@dataclasses.dataclass
+class Summary:
+  """What one scan of the score files keeps: bounded by `top` + `sample` rows and three histograms."""
+  manifest: dict
+  scored: int
+  bad: int
+  bad_examples: list
+  hist: dict                # 'clean' / 'noisy' / 'unknown' -> counts over HIST_SHIFT-binned ordered keys
+  suspects: list            # dict rows, lowest score first
+  sample: list              # dict rows, in id order
+
+  @property
+  def has_truth(self) -> bool:
+    return self.hist["clean"].sum() > 0 and self.hist["noisy"].sum() > 0
+
+  def auc(self) -> float | None:
+    """P(score of a clean pair > a noisy one's), ties (the same bin) counted half: Mann-Whitney on the histograms."""
+    if not self.has_truth:
+      return None
+    c, n = self.hist["clean"].astype(np.float64), self.hist["noisy"].astype(np.float64)
+    below = np.cumsum(n) - n
+    return float(((below + n / 2) * c).sum() / (c.sum() * n.sum()))
+
+  def bin_values(self) -> np.ndarray:
+    """The score at each histogram bin's lower edge."""
+    keys = (np.arange(len(self.hist["clean"]), dtype=np.uint64) << np.uint64(HIST_SHIFT)).astype(np.uint32)
+    u = np.where(keys & np.uint32(0x80000000), keys & np.uint32(0x7FFFFFFF), ~keys)
+    return u.astype(np.uint32).view(np.float32)
+
+
+def summarize(out: str, top: int = 100, sample: int = 100) -> Summary:
+  manifest = score_files.require_manifest(out)
+  bins = 1 << (32 - HIST_SHIFT)
+  hist = {k: np.zeros(bins, np.int64) for k in ("clean", "noisy", "unknown")}
+  scored = bad = 0
+  bad_examples, suspects, picked = [], [], []
+  names = {(d, s): name for d, s, name, _, _ in score_files.shards_of(manifest)}
+  for d, s, first, n, cols in score_files.scan(out, manifest, score_files.COLUMNS[1:]):
+    scores = cols["score"]
+    valid = ~np.isnan(scores)
+    bad += int((~valid).sum())
+    scored += int(valid.sum())
+    for i in np.flatnonzero(~valid)[:max(0, 20 - len(bad_examples))]:
+      bad_examples.append(dict(id=int(cols["id"][i]), shard=names[d, s], reason=cols["bad"][i]))
+    keys = subset.ordered_keys(scores[valid]) >> np.uint32(HIST_SHIFT)
+    clean = cols["clean"][valid]
+    for label, sel in (("clean", clean == 1), ("noisy", clean == 0), ("unknown", clean < 0)):
+      hist[label] += np.bincount(keys[sel], minlength=bins)
+
+    def rows(where):
+      return [dict(id=int(cols["id"][i]), key=cols["key"][i], score=float(scores[i]), offset=int(cols["offset"][i]),
+                   length=int(cols["length"][i]), clean=int(cols["clean"][i]), dataset=d, shard=s,
+                   position=int(cols["id"][i]) - first) for i in where]
+
+    idx = np.flatnonzero(valid)
+    if len(idx):
+      low = idx[np.argsort(scores[idx], kind="stable")[:top]]
+      suspects = sorted(suspects + rows(low), key=lambda r: (r["score"], r["id"]))[:top]
+      h = _hash(cols["id"][idx])
+      few = idx[np.argsort(h, kind="stable")[:sample]]
+      picked = sorted(picked + [dict(r, hash=int(x)) for r, x in zip(rows(few), _hash(cols["id"][few]))],
+                      key=lambda r: r["hash"])[:sample]
+  picked.sort(key=lambda r: r["id"])
+  return Summary(manifest, scored, bad, bad_examples, hist, suspects, picked)
+
+
+def fetch_pairs(rows: list[dict], datasets) -> list[tuple[bytes | None, str]]:
+  """(image bytes, caption) of each row: one ranged read per pair where its byte range is known (all in flight at
+  once), else through the index, else streamed from its shard."""
+  reader = store.RangeReader(datasets[0].policy if datasets else None)
+  out: list = [None] * len(rows)
+  ranges, where = [], []
+  for k, r in enumerate(rows):
+    ds = datasets[r["dataset"]]
+    if r["offset"] >= 0 and r["length"] > 0:
+      ranges.append(store.Range(ds.shards[r["shard"]], r["offset"], r["offset"] + r["length"],
+                                ds.version_of(r["shard"])))
+      where.append(k)
+    else:
+      sample = (ds.read(int(ds.starts[r["shard"]] + r["position"])) if ds.index is not None
+                else next(iter(ds.iter_shard(r["shard"], r["position"], r["position"] + 1))))
+      out[k] = (sample.image, sample.caption or "")
+  try:
+    for k, data in zip(where, reader.read(ranges) if ranges else []):
+      parsed = list(web.iter_samples(io.BytesIO(data)))
+      sample = web.make_sample(rows[k]["id"], parsed[0][0], parsed[0][3], datasets[rows[k]["dataset"]].caption_key) \
+          if parsed else web.Sample(rows[k]["id"], bad="unreadable")
+      out[k] = (sample.image, sample.caption or "")
+  finally:
+    reader.close()
+  return out
+
+
+def thumbnail(data: bytes | None):
+  """A PIL thumbnail of encoded image bytes (small images enlarged by an integer factor), None if they do not
+  decode."""
+  from PIL import Image
+  if not data:
+    return None
+  try:
+    with Image.open(io.BytesIO(data)) as f:
+      im = f.convert("RGB")
+  except Exception:  # noqa: BLE001 — any undecodable bytes: no thumbnail
+    return None
+  w, h = im.size
+  if max(w, h) < THUMB:
+    factor = max(1, THUMB // max(w, h))
+    return im.resize((w * factor, h * factor), Image.NEAREST)
+  im.thumbnail((THUMB, THUMB), Image.BICUBIC)
+  return im
+
+
+def _plots(summary: Summary, out: str, kind: str) -> dict:
+  from ncjax.evals.plots import _pyplot
+  plt = _pyplot()
+  values = summary.bin_values()
+  files = {}
+  used = np.flatnonzero(sum(summary.hist.values()))
+  if not len(used):
+    return files
+  lo, hi = float(values[used[0]]), float(values[min(used[-1] + 1, len(values) - 1)])
+  edges = np.linspace(lo, hi if hi > lo else lo + 1e-6, 41)
+  fig, ax = plt.subplots(figsize=(6, 3.6))
+  for label in ("clean", "noisy", "unknown"):
+    counts = summary.hist[label]
+    if counts.sum():
+      coarse, _ = np.histogram(values[used], bins=edges, weights=counts[used])
+      ax.stairs(coarse, edges, fill=True, alpha=0.55, label=f"{label} ({int(counts.sum()):,})")
+  ax.legend()
+  ax.set_xlabel(f"score ({kind}; higher = cleaner)")
+  ax.set_ylabel("pairs")
+  ax.set_title(f"{summary.scored:,} pairs scored")
+  fig.tight_layout()
+  fileio.save_figure(fig, fileio.join(out, "scores.png"), dpi=110)
+  plt.close(fig)
+  files["scores"] = "scores.png"
+  if summary.has_truth:
+    c, n = summary.hist["clean"][::-1], summary.hist["noisy"][::-1]   # from the highest score down
+    tpr, fpr = np.concatenate([[0], np.cumsum(c) / c.sum()]), np.concatenate([[0], np.cumsum(n) / n.sum()])
+    fig, ax = plt.subplots(figsize=(4.2, 4.2))
+    ax.plot(fpr, tpr, label=f"AUC {summary.auc():.3f}")
+    ax.plot([0, 1], [0, 1], "k--", lw=0.8)
+    ax.set_xlabel("noisy pairs called clean (FPR)")
+    ax.set_ylabel("clean pairs called clean (TPR)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fileio.save_figure(fig, fileio.join(out, "roc.png"), dpi=110)
+    plt.close(fig)
+    files["roc"] = "roc.png"
+  return files
+
+
+def _csv(rows: list[dict], captions: list[str]) -> str:
+  buf = io.StringIO()
+  w = csv.writer(buf)
+  w.writerow(["rank", "id", "key", "score", "clean", "shard", "caption"])
+  for rank, (r, cap) in enumerate(zip(rows, captions), 1):
+    w.writerow([rank, r["id"], r["key"], f"{r['score']:.6g}", r["clean"], r["shard_name"], cap])
+  return buf.getvalue()
+
+
+def write_report(out: str, datasets=None, top: int = 100, sample: int = 100, cfg=None) -> dict:
+  """OUT/index.html and its files from OUT/scores (process 0). Returns audit.json's summary."""
+  summary = summarize(out, top, sample)
+  manifest = summary.manifest
+  if datasets is None:
+    datasets = [web.open_dataset(d["root"], caption_key=_web_settings(cfg)["caption_key"],
+                                 cache_dir=_web_settings(cfg)["cache_dir"]) for d in manifest["datasets"]]
+  for r in summary.suspects + summary.sample:
+    r["shard_name"] = manifest["datasets"][r["dataset"]]["shards"][r["shard"]]
+  fetched = fetch_pairs(summary.suspects + summary.sample, datasets)
+  kind = manifest["scorer"]["kind"]
+  files = _plots(summary, out, kind)
+  captions = [c for _, c in fetched]
+  fileio.write_text(fileio.join(out, "suspects.csv"), _csv(summary.suspects, captions[:len(summary.suspects)]))
+  fileio.write_text(fileio.join(out, "sample.csv"), _csv(summary.sample, captions[len(summary.suspects):]))
+
+  def cells(rows, pairs, tag):
+    out_cells = []
+    for rank, (r, (image, caption)) in enumerate(zip(rows, pairs), 1):
+      thumb = thumbnail(image)
+      if thumb is not None:
+        name = f"thumbs/{tag}_{rank:05d}_{r['id']}.png"
+        b = io.BytesIO()
+        thumb.save(b, format="PNG")
+        fileio.write_bytes(fileio.join(out, name), b.getvalue())
+        picture = (f'<img class="thumb" src="{name}" width="{thumb.size[0]}" height="{thumb.size[1]}" '
+                   f'alt="pair {r["id"]}">')
+      else:
+        picture = '<div class="nothumb">no image</div>'
+      flag = {1: '<span class="flag clean">clean</span>', 0: '<span class="flag noisy">noisy</span>'}.get(r["clean"], "")
+      out_cells.append(f'<div class="pair"><div class="rank">#{rank}</div>{picture}<div class="text">'
+                       f'<div class="caption">{html.escape(caption)}</div>'
+                       f'<div class="meta">score {r["score"]:.4g} {flag}</div>'
+                       f'<div class="meta">pair {r["id"]} · {html.escape(r["shard_name"])} · key '
+                       f'{html.escape(r["key"])}</div></div></div>')
+    return "".join(out_cells)
+
+  n_sus = len(summary.suspects)
+  suspects_html = cells(summary.suspects, fetched[:n_sus], "suspect")
+  sample_html = cells(summary.sample, fetched[n_sus:], "sample")
+  scorer = manifest["scorer"]
+  noisy_top = [r["clean"] == 0 for r in summary.suspects if r["clean"] >= 0]
+  facts = [("data", ", ".join(d["root"] for d in manifest["datasets"])),
+           ("pairs", f"{manifest['num_examples']:,} ({summary.scored:,} scored, {summary.bad:,} bad records)"),
+           ("model", scorer.get("checkpoint", scorer.get("init", "")) +
+            (f" (step {scorer['step']})" if "step" in scorer else "")),
+           ("score", f"{kind} (higher = cleaner)")]
+  auc = summary.auc()
+  if summary.has_truth:
+    noisy = int(summary.hist["noisy"].sum())
+    facts += [("noisy pairs (the data's clean flags)", f"{noisy:,} ({noisy / max(1, summary.scored):.1%})"),
+              (f"truly noisy among the {len(noisy_top)} most suspicious", f"{np.mean(noisy_top):.1%}"),
+              ("ROC-AUC (clean vs noisy)", f"{auc:.4f}")]
+  legends = dict(scores="scores of every pair (clean and noisy apart where the data's flags are known)",
+                 roc="ROC curve: the score as a clean-vs-noisy detector")
+  figures = "".join(f'<figure><img class="plot" src="{f}" alt="{k}"><figcaption>{legends[k]}</figcaption></figure>'
+                    for k, f in files.items())
+  bad_html = "".join(f"<li>pair {b['id']} ({html.escape(b['shard'])}): {html.escape(b['reason'])}</li>"
+                     for b in summary.bad_examples)
+  page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>ncjax audit of web data</title>
+<style>
+body {{ font-family: sans-serif; margin: 24px; color: #222; background: #fff; }}
+table.facts td {{ padding: 2px 12px 2px 0; }}
+.pairs {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(440px, 1fr)); gap: 10px; }}
+.pair {{ display: flex; align-items: center; gap: 12px; border: 1px solid #ddd; border-radius: 6px; padding: 8px; }}
+.rank {{ width: 40px; color: #666; font-size: 13px; }}
+img.thumb {{ display: block; flex: none; image-rendering: pixelated; }}
+.nothumb {{ width: {THUMB}px; color: #888; font-size: 12px; }}
+.caption {{ font-size: 14px; }}
+.meta {{ color: #777; font-size: 11px; margin-top: 4px; }}
+.flag {{ padding: 1px 6px; border-radius: 4px; font-size: 11px; color: #222; }}
+.flag.clean {{ background: #d8f0d8; }} .flag.noisy {{ background: #f6d5d5; }}
+figure {{ display: inline-block; vertical-align: top; margin: 0 24px 12px 0; }}
+img.plot {{ height: 300px; }}
+figcaption {{ color: #666; font-size: 12px; max-width: 420px; }}
+</style></head><body>
+<h1>Which pairs are noisy?</h1>
+<table class="facts">{''.join(f'<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>' for k, v in facts)}</table>
+<p>Every pair's score is in the per-shard files under <code>scores/</code>; the pairs below are in
+<a href="suspects.csv">suspects.csv</a> and <a href="sample.csv">sample.csv</a>.</p>
+<h2>Score distribution</h2>
+{figures}
+<h2>The {n_sus} most suspicious pairs</h2>
+<div class="pairs">
+{suspects_html}
+</div>
+<h2>A random sample of {len(summary.sample)} pairs</h2>
+<div class="pairs">
+{sample_html}
+</div>
+<h2>Bad records: {summary.bad:,}</h2>
+<ul>{bad_html}</ul>
+</body></html>
+"""
+  fileio.write_text(fileio.join(out, "index.html"), page)
+  result = dict(scorer=scorer, datasets=[d["root"] for d in manifest["datasets"]], pairs=manifest["num_examples"],
+                scored=summary.scored, bad=summary.bad, auc=auc, top=n_sus,
+                top_noisy_fraction=float(np.mean(noisy_top)) if noisy_top else None,
+                noise_rate=(float(summary.hist["noisy"].sum() / max(1, summary.scored)) if summary.has_truth
+                            else None))
+  fileio.write_text(fileio.join(out, "audit.json"), json.dumps(result, indent=1))
+  return result
+
+
+def run(output: str, *, checkpoint: str = "", step: int | None = None, init: str = "", config=None,
+        dataset: str = "", score: str = "auto", top: int = 100, sample: int = 100, batch_size: int | None = None,
+        threads: int = 8, workers: int = 0, progress_every: float = 30.0) -> dict:
+  """`ncjax audit` of web data: restore, score every pair (every process), then the report (process 0)."""
+  scorer = restore(checkpoint=checkpoint, step=step, init=init, config=config)
+  manifest, _ = score_web(output, scorer, dataset, score=score, batch_size=batch_size, threads=threads,
+                       workers=workers, progress_every=progress_every)
+  result = {}
+  if jax.process_index() == 0:
+    absent = score_files.missing(output, manifest)
+    if absent:
+      raise errors.DataError(f"{len(absent)} shards have no score file after scoring (e.g. {absent[0]})")
+    result = write_report(output, None, top, sample, scorer.resolved.config)
+    line = (f"audit of {result['pairs']:,} web pairs ({manifest['scorer']['kind']}, {result['bad']:,} bad): "
+            f"{fileio.join(output, 'index.html')}, scores under {score_files.scores_dir(output)}")
+    if result["auc"] is not None:
+      line += (f"; truly noisy among the {result['top']} most suspicious: {result['top_noisy_fraction']:.1%} "
+               f"(noise rate {result['noise_rate']:.1%}, AUC {result['auc']:.4f})")
+    print(line, flush=True)
+  return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# `ncjax filter`
+# ---------------------------------------------------------------------------------------------------------------
+def filter_command(scores: str, output: str, *, keep: float | None = None, min_score: float | None = None,
+                   per_dataset: bool = False, keys: bool = False, shards: str = "", process_index: int = 0,
+                   process_count: int = 1) -> dict:
+  """Write the filter directory `output` from the score files under `scores` (process 0); with `shards`, every
+  process writes its share (shard g mod P) of the kept pairs as new img2dataset-layout shards under that root."""
+  manifest = None
+  if process_index == 0:
+    t0 = time.monotonic()
+    manifest = subset.write_from_scores(scores, output, keep=keep, min_score=min_score, per_dataset=per_dataset,
+                                        keys=keys)
+    d = manifest["decided"]
+    print(f"filter {output}: kept {sum(d['kept']):,} of {sum(d['scored']):,} scored pairs "
+          f"({', '.join(f'{k:,}' for k in d['kept'])} per dataset; {sum(d['bad']):,} bad records never kept"
+          + (f"; score threshold {', '.join(f'{t:.6g}' for t in d['thresholds'] if t is not None)}"
+             if d.get("thresholds") else "") + f") in {time.monotonic() - t0:.1f} s", flush=True)
+  if shards:
+    if manifest is None:   # another process: wait for process 0's filter
+      deadline = time.monotonic() + 3600
+      while not fileio.exists(fileio.join(output, "manifest.json")):
+        if time.monotonic() > deadline:
+          raise errors.DataError(f"{output}/manifest.json did not appear within an hour (process 0 writes it)")
+        time.sleep(2)
+    written = subset.write_shards(output, shards, process_index, process_count)
+    print(f"process {process_index}: {written:,} kept pairs written as shards under {shards}", flush=True)
+  return manifest or {}
