@@ -352,3 +352,27 @@ def test_two_processes_train_exactly_on_the_kept_ids(scored, tmp_path):
   ids = per_process[0] + per_process[1]
   assert sorted(ids) == np.flatnonzero(kept.contains(np.arange(500))).tolist()   # every kept pair once
   assert not set(per_process[0]) & set(per_process[1])
+
+
+@pytest.mark.slow
+def test_an_imported_openai_clip_scores_web_pairs_as_torch_does(scored, tmp_path):
+  """--init: the pretrained model's cosine of each pair, recomputed by the PyTorch model it was imported from."""
+  torch = pytest.importorskip("torch")
+  import reference_models as rm
+  ref = rm.make_open_clip(rm.tiny_open_clip_cfg(True, image_size=16, patch=4))
+  path = str(tmp_path / "ViT-tiny.pt")
+  torch.save(ref.state_dict(), path)
+  out = str(tmp_path / "openai_audit")
+  web_audit.run(out, init=f"openai:{path}", dataset=f"web:{scored['root']}", top=4, sample=2, progress_every=0)
+  cols = _files(out)
+  assert score_files.require_manifest(out)["scorer"]["init"] == f"openai:{path}"
+  ds = web.open_dataset(scored["root"])
+  ok = [x for s in range(len(ds.shards)) for x in ds.iter_shard(s) if not np.isnan(cols["score"][x.id])]
+  assert len(ok) == 479
+  images = np.stack([web_decode.decode_eval(x.image, 16, "openai") for x in ok])
+  from ncjax.tokenizers import get_tokenizer
+  tokens = get_tokenizer("clip_bpe")([x.caption for x in ok])
+  with torch.no_grad():
+    zi = ref.encode_image(rm.torch_nchw(images), normalize=True).numpy()
+    zt = ref.encode_text(torch.from_numpy(np.asarray(tokens, np.int64)), normalize=True).numpy()
+  np.testing.assert_allclose(cols["score"][[x.id for x in ok]], (zi * zt).sum(-1), atol=1e-4, rtol=0)
