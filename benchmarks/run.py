@@ -32,6 +32,8 @@ def main(argv=None):
   suites["web_data"] = web_data.run   # synthetic img2dataset output of 1M and 10M pairs (--quick: 100k and 1M)
   from benchmarks import web_store
   suites["web_store"] = web_store.run   # gs:// on a local GCS server behind a latency proxy
+  from benchmarks import web_audit
+  suites["web_audit"] = web_audit.run   # scoring web pairs on 1 and 2 processes, choosing a filter, filtered training
   for name in args.suites.split(","):
     if name not in suites:
       raise SystemExit(f"unknown suite {name!r}; suites: {sorted(suites)}")

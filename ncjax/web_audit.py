@@ -73,6 +73,7 @@ class Scorer:
   mesh: object
   info: dict
   own_dataset: str      # the web:... spec the run trained on ('' for a pretrained model)
+  read_config: object = None   # whose input.web keys read the data (default: the scorer's config)
 
 
 def restore(*, checkpoint: str = "", step: int | None = None, init: str = "", config=None) -> Scorer:
@@ -131,11 +132,16 @@ class Progress:
     self.total, self.shards, self.every = int(total), int(shards), float(every)
     self.done, self.bad, self.shards_done = 0, 0, 0
     self.start = self.last = time.monotonic()
+    self.first = None   # (time, pairs) after the first batch: the rate leaves out start-up and compiling
     self.skipped_shards = skipped_shards
 
+  def rate(self) -> float:
+    if self.first is None or self.done == self.first[1]:
+      return self.done / max(1e-9, time.monotonic() - self.start)
+    return (self.done - self.first[1]) / max(1e-9, time.monotonic() - self.first[0])
+
   def line(self) -> str:
-    elapsed = max(1e-9, time.monotonic() - self.start)
-    rate = self.done / elapsed
+    rate = self.rate()
     eta = (self.total - self.done) / rate if rate > 0 else float("nan")
     eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if np.isfinite(eta) else "?"
     who = f"process {jax.process_index()}/{jax.process_count()}" if jax.process_count() > 1 else "scoring"
@@ -147,12 +153,12 @@ class Progress:
     self.done += pairs
     self.bad += bad
     now = time.monotonic()
+    if self.first is None:
+      self.first = (now, self.done)
     if self.every > 0 and now - self.last >= self.every:
       self.last = now
       print(self.line(), flush=True)
 
-  def rate(self) -> float:
-    return self.done / max(1e-9, time.monotonic() - self.start)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -361,7 +367,7 @@ def score_web(out: str, scorer: Scorer, dataset: str = "", *, score: str = "auto
   if not spec:
     raise errors.ConfigurationError("a web audit needs --dataset=web:ROOT (or a --checkpoint of a run on web data)")
   own = bool(scorer.own_dataset) and spec == scorer.own_dataset
-  datasets = open_web(spec, cfg)
+  datasets = open_web(spec, scorer.read_config if scorer.read_config is not None else cfg)
   sizes = [ds.num_examples for ds in datasets]
   total = int(sum(sizes))
   if own and scorer.info.get("num_examples") not in (None, total):
@@ -406,8 +412,7 @@ def score_web(out: str, scorer: Scorer, dataset: str = "", *, score: str = "auto
     size = int(batch_size or cfg.input.eval_batch_size)
     _similarity(scorer, datasets, manifest, out, todo, batch_size=max(1, size // jax.process_count()),
                 threads=threads, workers=workers, prefetch=prefetch, progress=progress)
-  if progress_every > 0 or jax.process_count() > 1:
-    print(progress.line(), flush=True)
+  print(progress.line(), flush=True)
   _barrier("ncjax-web-audit-scored")
   return existing, progress
 
@@ -695,6 +700,9 @@ def run(output: str, *, checkpoint: str = "", step: int | None = None, init: str
         threads: int = 8, workers: int = 0, progress_every: float = 30.0) -> dict:
   """`ncjax audit` of web data: restore, score every pair (every process), then the report (process 0)."""
   scorer = restore(checkpoint=checkpoint, step=step, init=init, config=config)
+  if config is not None:   # --config's input settings (batch, caption and clean keys) over the run's
+    scorer.read_config = config
+    batch_size = batch_size or int(config.input.eval_batch_size)
   manifest, _ = score_web(output, scorer, dataset, score=score, batch_size=batch_size, threads=threads,
                        workers=workers, progress_every=progress_every)
   result = {}
@@ -702,7 +710,8 @@ def run(output: str, *, checkpoint: str = "", step: int | None = None, init: str
     absent = score_files.missing(output, manifest)
     if absent:
       raise errors.DataError(f"{len(absent)} shards have no score file after scoring (e.g. {absent[0]})")
-    result = write_report(output, None, top, sample, scorer.resolved.config)
+    result = write_report(output, None, top, sample,
+                          scorer.read_config if scorer.read_config is not None else scorer.resolved.config)
     line = (f"audit of {result['pairs']:,} web pairs ({manifest['scorer']['kind']}, {result['bad']:,} bad): "
             f"{fileio.join(output, 'index.html')}, scores under {score_files.scores_dir(output)}")
     if result["auc"] is not None:

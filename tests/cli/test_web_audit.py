@@ -197,7 +197,7 @@ def test_an_audit_killed_mid_shard_resumes_to_the_same_files(scored, tmp_path):
   out, logs, marks = str(tmp_path / "killed"), str(tmp_path / "logs"), str(tmp_path / "decoded.txt")
   env = dict(NCJAX_SLOW_DECODE_S="0.4", NCJAX_DECODE_LOG=marks)
   plugin = f"--plugins={os.path.join(PLUGINS, 'slow_scoring.py')}"
-  procs = _audit_cli(scored["run"], out, 1, 8, logs, env, plugin, "--config=clip:model=micro")
+  procs = _audit_cli(scored["run"], out, 1, 8, logs, env, plugin)
   first = score_files.shard_file(out, 0, "00000.tar")
   t0 = time.time()
   # the first shard's file written and a batch of the second decoded: the kill lands inside the second shard

@@ -176,8 +176,12 @@ class Subset:
 
   def describe(self) -> str:
     rule = self.manifest["rule"]
-    how = (f"the best {rule['keep']:.0%}" if rule.get("keep") is not None else f"score >= {rule['min_score']:g}") + \
-        (" of each dataset" if rule.get("per_dataset") else "")
+    if rule.get("keep") is not None:
+      how = f"the best {rule['keep']:.0%}" + (" of each dataset" if rule.get("per_dataset") else "")
+    elif rule.get("min_score") is not None:
+      how = f"score >= {rule['min_score']:g}"
+    else:
+      how = "pairs chosen outside ncjax filter"
     parts = ", ".join(f"{d['name']} {k.kept:,} of {k.n:,}" for d, k in zip(self.manifest["datasets"], self.kept))
     return f"filter {self.path} ({how} by {self.manifest.get('scorer', {}).get('kind', 'scores')}): {parts}"
 

@@ -142,3 +142,43 @@ def write_throughput_jpegs(directory: str, count: int, size: int = 256) -> list[
       f.write(data)
     paths.append(path)
   return paths
+
+
+def write_pairs_img2dataset(root: str, pixels: np.ndarray, captions, *, image_of=None, clean=None,
+                            per_shard: int = 500, image_format: str = "png", clean_key: str = "clean") -> dict:
+  """Image-caption pairs given as arrays, written as img2dataset's webdataset output under `root` (local or gs://):
+  pair k is caption k with image `image_of[k]` (default k) of `pixels` (uint8, (n, h, w, 3); PNG keeps small
+  rendered images exact), its .json carrying `clean_key` = clean[k] when `clean` is given — the noise is in the
+  data, as on the web, and the flag is ground truth for the audit's evaluation only. Returns {shards, counts}."""
+  from PIL import Image
+  pixels = np.asarray(pixels, np.uint8)
+  n = len(captions)
+  image_of = np.arange(n) if image_of is None else np.asarray(image_of, np.int64)
+  fileio.makedirs(root)
+  shards, counts = [], []
+  for s, first in enumerate(range(0, n, per_shard)):
+    rows = dict(url=[], key=[], caption=[], status=[], error_message=[], width=[], height=[])
+    chunks = []
+    for k in range(first, min(n, first + per_shard)):
+      key = f"{s:05d}{k - first:04d}"
+      buf = io.BytesIO()
+      Image.fromarray(pixels[image_of[k]]).save(buf, format=image_format.upper())
+      meta = dict(url=f"https://example.com/{k}.{image_format}", key=key, status="success", caption=captions[k],
+                  width=int(pixels.shape[2]), height=int(pixels.shape[1]), error_message=None)
+      if clean is not None:
+        meta[clean_key] = int(bool(clean[k]))
+      chunks += [web.tar_member(f"{key}.{image_format}", buf.getvalue()),
+                 web.tar_member(f"{key}.txt", captions[k].encode("utf-8")),
+                 web.tar_member(f"{key}.json", json.dumps(meta).encode("utf-8"))]
+      for col, value in (("url", meta["url"]), ("key", key), ("caption", captions[k]), ("status", "success"),
+                         ("error_message", None), ("width", meta["width"]), ("height", meta["height"])):
+        rows[col].append(value)
+    stem = fileio.join(root, f"{s:05d}")
+    fileio.write_bytes(stem + ".tar", b"".join(chunks) + web.tar_end())
+    web.write_parquet(stem + ".parquet", rows)
+    count = len(rows["key"])
+    fileio.write_text(stem + "_stats.json", json.dumps(dict(count=count, successes=count, failed_to_download=0,
+                                                             failed_to_resize=0)))
+    shards.append(stem + ".tar")
+    counts.append(count)
+  return dict(shards=shards, counts=counts)
