@@ -47,12 +47,13 @@ import time
 import jax
 import numpy as np
 
-from ncjax import config_lib, errors, evaluation, fileio
+from ncjax import config_lib, errors, evaluation, experiment, fileio
 from ncjax import sharding as shard_lib
 from ncjax.data.web import dataset as web
 from ncjax.data.web import decode as web_decode
 from ncjax.data.web import pipeline as web_pipeline
 from ncjax.data.web import score_files, store, subset
+from ncjax.data.specs import WebSpec
 from ncjax.evals import common
 
 log = logging.getLogger("ncjax")
@@ -98,21 +99,20 @@ def restore(*, checkpoint: str = "", step: int | None = None, init: str = "", co
   return Scorer(method, state, resolved, tokenizer, mesh, dict(init=init, method=method.name), "")
 
 
-def _web_settings(cfg) -> dict:
-  """input.web's reading keys of a config (absent keys: their defaults)."""
-  given = cfg.input.get("web", None) if cfg is not None else None
-  get = (lambda k, default: given.get(k, default)) if given is not None else (lambda k, default: default)
-  return dict(caption_key=get("caption_key", "caption"), clean_key=get("clean_key", ""),
-              cache_dir=get("cache_dir", ""), io_deadline_s=float(get("io_deadline_s", store.DEFAULT_DEADLINE_S)))
+def _web_spec(cfg) -> WebSpec:
+  """input.web of a config as the training pipeline reads it (a config without the section: the defaults)."""
+  if cfg is None or cfg.get("input", None) is None:
+    return WebSpec()
+  return experiment.input_spec(cfg.input).web
 
 
 def open_web(spec: str, cfg=None) -> list[web.WebDataset]:
   """The datasets of a 'web:ROOT[::ROOT2]' spec, read with `cfg`'s input.web keys (caption and clean keys, cache)."""
   if not web_pipeline.is_web(spec):
     raise errors.ConfigurationError(f"a web audit scores 'web:ROOT' data, got {spec!r}")
-  s = _web_settings(cfg)
-  policy = store.RetryPolicy(deadline_s=s["io_deadline_s"])
-  return [web.open_dataset(root, caption_key=s["caption_key"], clean_key=s["clean_key"], cache_dir=s["cache_dir"],
+  w = _web_spec(cfg)
+  policy = store.RetryPolicy(deadline_s=float(w.io_deadline_s))
+  return [web.open_dataset(root, caption_key=w.caption_key, clean_key=w.clean_key, cache_dir=w.cache_dir,
                            policy=policy) for root in web_pipeline.parse_roots(spec)]
 
 
@@ -595,8 +595,9 @@ def write_report(out: str, datasets=None, top: int = 100, sample: int = 100, cfg
   summary = summarize(out, top, sample)
   manifest = summary.manifest
   if datasets is None:
-    datasets = [web.open_dataset(d["root"], caption_key=_web_settings(cfg)["caption_key"],
-                                 cache_dir=_web_settings(cfg)["cache_dir"]) for d in manifest["datasets"]]
+    w = _web_spec(cfg)
+    datasets = [web.open_dataset(d["root"], caption_key=w.caption_key, cache_dir=w.cache_dir)
+                for d in manifest["datasets"]]
   for r in summary.suspects + summary.sample:
     r["shard_name"] = manifest["datasets"][r["dataset"]]["shards"][r["shard"]]
   fetched = fetch_pairs(summary.suspects + summary.sample, datasets)

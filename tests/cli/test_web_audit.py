@@ -20,13 +20,14 @@ import pytest
 
 from helpers import ROOT, assert_trees_equal, tiny_clip_config
 import multiprocess
-from ncjax import errors, evaluation, fileio, train, web_audit
+from ncjax import errors, evaluation, experiment, fileio, train, web_audit
 from ncjax.data.web import dataset as web
 from ncjax.data.web import decode as web_decode
 from ncjax.data.web import index as web_index
 from ncjax.data.web import pipeline as web_pipeline
 from ncjax.data.web import score_files, subset
 from ncjax.data.web import synthetic as web_synthetic
+from ncjax.tokenizers import TokenizerSpec
 
 SIZES = [90, 150, 70, 130, 60]          # 500 pairs in unequal shards
 BAD = dict(corrupt_images=(7, 333), truncate_shards=(2,), invalid_utf8=(100,))
@@ -74,7 +75,7 @@ def _raw(out) -> dict:
 def _training_bad_ids(root, cfg) -> set:
   """The ids whose records the training decoder rejects (its crop and transform, not the audit's)."""
   ds = web.open_dataset(root)
-  exp_tokenizer = web_pipeline.web_tokenizer("word", 16, cfg.input, [ds])
+  exp_tokenizer = web_pipeline.web_tokenizer(TokenizerSpec("word", 16), experiment.input_spec(cfg.input).web, [ds])
   settings = web_decode.DecodeSettings(16, "openai", True, (0.9, 1.0))
   bad = set()
   for s in range(len(ds.shards)):
