@@ -253,16 +253,24 @@ def _method_options(workdir: str):
   return resolved.options
 
 
-def analyse(out: str) -> dict:
+def analyse(out: str, only: set[str] = frozenset()) -> dict:
+  """Every finished run's curves (those of `only`'s runs when given), cached per run."""
   results = {}
   for name in sorted(os.listdir(out)):
     workdir = os.path.join(out, name)
-    if not os.path.isfile(os.path.join(workdir, "done.json")):
+    if not os.path.isfile(os.path.join(workdir, "done.json")) or (only and name.rsplit("_seed", 1)[0] not in only):
+      continue
+    cached = os.path.join(workdir, "analysis.json")   # a run is analysed once (delete the file to redo it)
+    if os.path.isfile(cached):
+      with open(cached) as f:
+        results[name] = json.load(f)
       continue
     t = time.time()
     results[name] = analyse_run(workdir)
     with open(os.path.join(workdir, "done.json")) as f:
       results[name]["final"] = json.load(f)["results"]
+    with open(cached, "w") as f:
+      json.dump(results[name], f, indent=1, default=float)
     print(f"analysed {name} ({time.time() - t:.0f} s)", flush=True)
   with open(os.path.join(out, "diagnosis.json"), "w") as f:
     json.dump(results, f, indent=1, default=float)
@@ -381,7 +389,7 @@ def main(argv=None):
   if args.report:
     print(report(args.out))
   elif args.analyse:
-    analyse(args.out)
+    analyse(args.out, set(filter(None, args.only.split(","))))
     print(report(args.out))
   else:
     train_runs(args.out, [int(s) for s in args.seeds.split(",")], set(filter(None, args.only.split(","))))

@@ -3,9 +3,10 @@
   python -m ncjax.main --config=configs/bayes.py:noise=0.4 --workdir=/tmp/bayes --cpu_devices=8
   python -m ncjax.main --config=configs/bayes.py:weights=paper --workdir=/tmp/bayes_paper   # the paper's b = 0
 The paper's hyper-parameters: a_u = 1, b_u = 0, a_+ = 5, a_- = 10, b_+ = b_- = 0, 2 Gibbs sweeps from w = 1;
-`weights` selects how the rates / normalisation are set (see ncjax/methods/bayes.py and the README); `tau` fixes
-the temperature of s = exp(cos / tau) (0: the model's learned one); protocol=in_batch with per_device=true corrupts
-each device's part of the batch on its own, as the paper's 128 pairs per GPU.
+`weights` selects how the rates / normalisation are set (see ncjax/methods/bayes.py and docs/methods.md); `tau`
+fixes the temperature of s = exp(cos / tau) (0: the model's learned one; the paper's sim = e^{cos} is tau=1);
+protocol=in_batch with per_device=true corrupts each device's part of the batch on its own, as the paper's 128 pairs
+per GPU.
 """
 
 from ncjax import config_lib
@@ -29,7 +30,7 @@ def get_config(arg=None):
   c.loss.w_init = 1.0
   c.loss.weights = a.weights
   c.loss.u_momentum = a.u_momentum
-  # s = exp(cos / tau) with the model's learned temperature (0) or a fixed tau (the paper writes exp(tau^-1 cos)).
+  # s = exp(cos / tau) with the model's learned temperature (0) or a fixed tau (the paper's sim = e^{cos}: tau=1).
   c.loss.tau = a.tau
   # protocol 'in_batch': resample within each device's batch (the paper's 128 per GPU) instead of the global batch.
   c.noise.per_device = a.per_device

@@ -1,7 +1,8 @@
 """Bayesian contrastive learning: Gamma pair weights by Gibbs sampling inside a stochastic-EM weighted InfoNCE.
 
-Per step (Algorithm 1): logits = cos / tau (s = exp(cos / tau), the paper's form; tau = 1 / exp(logit_scale), the
-model's learned temperature, unless `loss.tau` fixes it) with a stop-gradient copy for sampling; for each direction
+Per step (Algorithm 1): logits = cos / tau, s = exp(cos / tau) with tau = 1 / exp(logit_scale), the model's learned
+temperature, unless `loss.tau` fixes it (the paper's similarity is e^{x1^T x2}, Sec. 2: tau = 1 — `tau=1`; a learned
+temperature is ncjax's default, as InfoNCE's) with a stop-gradient copy for sampling; for each direction
 (image->text rows, text->image rows) draw u and the weights with `ncjax.samplers.gamma.gibbs` from w = 1 for
 `loss.n_sweeps` sweeps, keyed by the step's RNG; then the weighted InfoNCE of Eq. 202-203 on the live logits.
 Optional (paper Sec. 2.2): a per-sample moving average of u kept in method state by example id
@@ -10,7 +11,10 @@ Optional (paper Sec. 2.2): a per-sample moving average of u kept in method state
 Weight options (`loss.weights`), because with the paper's rates b = 0 the sampler is degenerate (methods.md §3.2):
   'paper'         b_+ = b_- = 0 as stated; the weighted probabilities follow a fixed Dirichlet, whatever s.
   'unit_prior'    rates b_+ = 1 + a_+, b_- = a_- so that the prior means are 1 and u s (a softmax-like
-                  probability) moves the weights: hard negatives and confident positives are damped.
+                  probability) moves the weights: hard negatives weigh less, and w_+ falls from 1 to (1 + a_+) /
+                  (2 + a_+) as the positive grows confident. w_+ acts only through the denominator (methods.md
+                  §3.1): a smaller w_+ pulls its positive harder, so noisy positives (w_+ near 1) are pulled a
+                  little less than confident ones — by little (docs/methods.md, "Bayesian CL").
   'row_mean'      the paper's rates, each anchor's negative weights divided by their mean (and w_+ by its
                   prior-to-posterior ratio), so weights are relative and near 1.
   'prior'         weights drawn from their priors with unit means, w_+ ~ Ga(a_+, a_+), w_- ~ Ga(a_-, a_-),
@@ -50,7 +54,7 @@ class BayesOptions(Options):
   w_init: float = loss_option(1.0)
   weights: str = loss_option("unit_prior")   # see the module docstring
   u_momentum: float = loss_option(0.0)       # > 0: per-sample moving average of u (paper Sec. 2.2)
-  tau: float = loss_option(0.0)              # fixed temperature of s = exp(cos / tau); 0: the model's learned one
+  tau: float = loss_option(0.0)              # fixed temperature of s = exp(cos / tau) (paper: 1); 0: learned
 
   def __post_init__(self):
     if self.weights not in WEIGHTS:
@@ -105,7 +109,7 @@ class BayesianCL(TwoTowerMethod):
     lc = self.options
     model = self.bind(params).model
     img, txt = model.encode_image(batch["image"]), model.encode_text(batch["tokens"])
-    # s = exp(cos / tau): the model's learned temperature (loss.tau = 0), or the paper's fixed tau.
+    # s = exp(cos / tau): the model's learned temperature (loss.tau = 0), or a fixed tau (the paper's: 1).
     scale = model.get_logit_scale() if not lc.tau else jnp.log(1.0 / jnp.asarray(lc.tau, jnp.float32))
     logits = contrastive.cosine_logits(img, txt, scale)
     sg = jax.lax.stop_gradient(logits)
