@@ -36,7 +36,7 @@ ALLOWED = {
 # ncjax.errors (the kinds of user error and how they are reported) is a leaf every component may import.
 EVERYWHERE = {"errors"}
 # Entry points (CLI, demo, tools, the evaluation path) may import anything; nothing below may import them.
-TOP = {"train", "experiment", "evaluation", "eval_suite", "audit", "web_audit", "main", "demo", "testing"}
+TOP = {"train", "experiment", "evaluation", "eval_suite", "audit", "web_audit", "web_report", "main", "demo", "testing"}
 
 
 def _modules() -> dict[str, str]:

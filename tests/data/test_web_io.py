@@ -24,6 +24,7 @@ from ncjax.data.web import dataset as web
 from ncjax.data.web import decode as web_decode
 from ncjax.data.web import index as web_index
 from ncjax.data.web import pipeline as web_pipeline
+from ncjax.data.web import stream as web_stream
 from ncjax.data.web import synthetic as web_synthetic
 from ncjax.data.noise import BlockNoise, PermutedNoise
 from ncjax.tokenizers import WordTokenizer
@@ -158,7 +159,7 @@ def test_streamed_epochs_partition_the_pairs_over_processes_when_shard_sizes_dif
   for p in range(processes):
     schedule = mixture.ShardSchedule(ds.counts, 3, 0, p, processes, window=2)
     assert schedule.epoch_size in (N // processes, N // processes + 1)
-    reader = web_pipeline.StreamReader(ds, schedule, buffer=64)
+    reader = web_stream.StreamReader(ds, schedule, buffer=64)
     for e in epochs:
       epochs[e].extend(reader.take(q).id for q in range(e * schedule.epoch_size, (e + 1) * schedule.epoch_size))
   for e, ids in epochs.items():
