@@ -78,12 +78,7 @@ def score_pairs(*, checkpoint: str = "", step: int | None = None, init: str = ""
     raise ValueError("audit needs --checkpoint=WORKDIR[:STEP] or --init=SPEC (one of them)")
   if checkpoint:
     if step is None:
-      from ncjax import checkpoint as ckpt_lib
-      manager = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(checkpoint), async_save=False)
-      step = manager.latest_step()
-      manager.close()
-      if step is None:
-        raise FileNotFoundError(f"{checkpoint} holds no checkpoint (expected {checkpoint}/checkpoints/<step>/)")
+      step = evaluation.latest_step(checkpoint)
     method, state, resolved, _meta, tokenizer, mesh = evaluation.restore_for_eval(checkpoint, step)
     own_data = not dataset
     info = dict(checkpoint=fileio.absolute(checkpoint), step=int(step), method=method.name)
@@ -192,6 +187,39 @@ def _plots(result: AuditResult, out: str) -> dict[str, str]:
   return files
 
 
+_STYLE = """
+body { font-family: sans-serif; margin: 24px; color: #222; background: #fff; }
+table.facts td { padding: 2px 12px 2px 0; }
+.pairs { display: grid; grid-template-columns: repeat(auto-fill, minmax(440px, 1fr)); gap: 10px; }
+.pair { display: flex; align-items: center; gap: 12px; border: 1px solid #ddd; border-radius: 6px; padding: 8px; }
+.rank { width: 40px; color: #666; font-size: 13px; }
+img.thumb { display: block; flex: none; image-rendering: pixelated; }
+.nothumb { width: %dpx; color: #888; font-size: 12px; }
+.caption { font-size: 14px; }
+.meta { color: #777; font-size: 11px; margin-top: 4px; }
+.flag { padding: 1px 6px; border-radius: 4px; font-size: 11px; color: #222; }
+.flag.clean { background: #d8f0d8; } .flag.noisy { background: #f6d5d5; }
+figure { display: inline-block; vertical-align: top; margin: 0 24px 12px 0; }
+img.plot { height: 300px; }
+figcaption { color: #666; font-size: 12px; max-width: 420px; }
+""" % THUMB
+
+
+def report_page(title: str, facts: list[tuple[str, str]], files: dict[str, str], legends: dict[str, str],
+                intro: str, sections: list[tuple[str, str]], tail: str = "") -> str:
+  """An audit's index.html (embedded and web data alike): the facts, the score plots (`files`: name -> file, each
+  with its legend), then each (heading, HTML of pair cells) section as a grid of pairs."""
+  figures = "".join(f'<figure><img class="plot" src="{f}" alt="{k}"><figcaption>{legends[k]}</figcaption></figure>'
+                    for k, f in files.items())
+  rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in facts)
+  body = "".join(f'<h2>{html.escape(heading)}</h2>\n<div class="pairs">\n{cells}\n</div>\n'
+                 for heading, cells in sections)
+  return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>\n'
+          f'<style>{_STYLE}</style></head><body>\n<h1>Which pairs are noisy?</h1>\n'
+          f'<table class="facts">{rows}</table>\n'
+          f'{intro}\n<h2>Score distribution</h2>\n{figures}\n{body}{tail}</body></html>\n')
+
+
 def write_report(result: AuditResult, out: str, top: int = 100) -> dict[str, str]:
   """audit.csv, scores.png, roc.png (with ground truth), thumbs/*.png and index.html under `out` (local or gs://)."""
   pairs = result.pairs
@@ -241,36 +269,9 @@ def write_report(result: AuditResult, out: str, top: int = 100) -> dict[str, str
               ("ROC-AUC (clean vs noisy)", f"{result.auc():.4f}")]
   legends = dict(scores="scores of every pair (clean and noisy apart where the ground truth is known)",
                  roc="ROC curve: the score as a clean-vs-noisy detector")
-  figures = "".join(f'<figure><img class="plot" src="{f}" alt="{k}"><figcaption>{legends[k]}</figcaption></figure>'
-                    for k, f in files.items())
-  page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>ncjax audit: {html.escape(result.info['dataset'])}</title>
-<style>
-body {{ font-family: sans-serif; margin: 24px; color: #222; background: #fff; }}
-table.facts td {{ padding: 2px 12px 2px 0; }}
-.pairs {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(440px, 1fr)); gap: 10px; }}
-.pair {{ display: flex; align-items: center; gap: 12px; border: 1px solid #ddd; border-radius: 6px; padding: 8px; }}
-.rank {{ width: 40px; color: #666; font-size: 13px; }}
-img.thumb {{ display: block; flex: none; image-rendering: pixelated; }}
-.nothumb {{ width: {THUMB}px; color: #888; font-size: 12px; }}
-.caption {{ font-size: 14px; }}
-.meta {{ color: #777; font-size: 11px; margin-top: 4px; }}
-.flag {{ padding: 1px 6px; border-radius: 4px; font-size: 11px; color: #222; }}
-.flag.clean {{ background: #d8f0d8; }} .flag.noisy {{ background: #f6d5d5; }}
-figure {{ display: inline-block; vertical-align: top; margin: 0 24px 12px 0; }}
-img.plot {{ height: 300px; }}
-figcaption {{ color: #666; font-size: 12px; max-width: 420px; }}
-</style></head><body>
-<h1>Which pairs are noisy?</h1>
-<table class="facts">{''.join(f'<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>' for k, v in facts)}</table>
-<p>Every pair is in <a href="audit.csv">audit.csv</a>, most suspicious first.</p>
-<h2>Score distribution</h2>
-{figures}
-<h2>The {len(shown)} most suspicious pairs</h2>
-<div class="pairs">
-{''.join(cells)}
-</div></body></html>
-"""
+  page = report_page(f"ncjax audit: {result.info['dataset']}", facts, files, legends,
+                     '<p>Every pair is in <a href="audit.csv">audit.csv</a>, most suspicious first.</p>',
+                     [(f"The {len(shown)} most suspicious pairs", "".join(cells))])
   fileio.write_text(fileio.join(out, "index.html"), page)
   summary = dict(result.info, top=len(shown), top_noisy_fraction=fraction, auc=result.auc(),
                  noise_rate=None if result.clean is None else float(np.mean(~result.clean)))

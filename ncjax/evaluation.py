@@ -18,7 +18,7 @@ import re
 import jax
 
 from ncjax import checkpoint as ckpt_lib
-from ncjax import config_lib, evals, experiment, fileio, tokenizers
+from ncjax import config_lib, errors, evals, experiment, fileio, tokenizers
 from ncjax import sharding as shard_lib
 from ncjax.data.pipeline import training_pairs
 
@@ -125,6 +125,16 @@ def fit_to_devices(config, n_devices: int):
     config.input.global_batch_size = max(n_devices, gb - gb % n_devices)
   config.lock()
   return config
+
+
+def latest_step(workdir: str) -> int:
+  """The step of a workdir's latest checkpoint; MissingCheckpoint (one line) when it holds none."""
+  manager = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(workdir), async_save=False)
+  step = manager.latest_step()
+  manager.close()
+  if step is None:
+    raise errors.MissingCheckpoint(f"{workdir} holds no checkpoint (expected {workdir}/checkpoints/<step>/)")
+  return int(step)
 
 
 def restore_for_eval(workdir: str, step: int, mesh=None):

@@ -72,13 +72,7 @@ def restore(*, checkpoint: str = "", step: int | None = None, init: str = "", co
     raise errors.ConfigurationError("audit needs --checkpoint=WORKDIR[:STEP] or --init=SPEC (one of them)")
   if checkpoint:
     if step is None:
-      from ncjax import checkpoint as ckpt_lib
-      manager = ckpt_lib.Checkpointer(ckpt_lib.checkpoint_dir(checkpoint), async_save=False)
-      step = manager.latest_step()
-      manager.close()
-      if step is None:
-        raise errors.MissingCheckpoint(f"{checkpoint} holds no checkpoint (expected "
-                                       f"{checkpoint}/checkpoints/<step>/)")
+      step = evaluation.latest_step(checkpoint)
     method, state, resolved, meta, tokenizer, mesh = evaluation.restore_for_eval(checkpoint, step)
     info = dict(checkpoint=fileio.absolute(checkpoint), step=int(step), method=method.name,
                 num_examples=int(meta["num_examples"]))

@@ -19,14 +19,14 @@ import logging
 
 import numpy as np
 
-from ncjax import fileio
+from ncjax import audit, fileio
 from ncjax.data.specs import WebSpec
 from ncjax.data.web import dataset as web
 from ncjax.data.web import score_files, store, subset
 
 log = logging.getLogger("ncjax")
 
-THUMB = 96                  # thumbnail side in pixels
+THUMB = audit.THUMB          # thumbnail side in pixels
 HIST_SHIFT = 12             # histogram bins: the score's ordered float32 key >> 12 (2^20 bins, ~2^-11 relative)
 SAMPLE_SEED = 0x73616D70    # 'samp': the hash that picks the report's random sample
 
@@ -231,7 +231,8 @@ def write_report(out: str, datasets=None, top: int = 100, sample: int = 100, web
                    f'alt="pair {r["id"]}">')
       else:
         picture = '<div class="nothumb">no image</div>'
-      flag = {1: '<span class="flag clean">clean</span>', 0: '<span class="flag noisy">noisy</span>'}.get(r["clean"], "")
+      flag = {1: '<span class="flag clean">clean</span>',
+              0: '<span class="flag noisy">noisy</span>'}.get(r["clean"], "")
       out_cells.append(f'<div class="pair"><div class="rank">#{rank}</div>{picture}<div class="text">'
                        f'<div class="caption">{html.escape(caption)}</div>'
                        f'<div class="meta">score {r["score"]:.4g} {flag}</div>'
@@ -257,46 +258,15 @@ def write_report(out: str, datasets=None, top: int = 100, sample: int = 100, web
               ("ROC-AUC (clean vs noisy)", f"{auc:.4f}")]
   legends = dict(scores="scores of every pair (clean and noisy apart where the data's flags are known)",
                  roc="ROC curve: the score as a clean-vs-noisy detector")
-  figures = "".join(f'<figure><img class="plot" src="{f}" alt="{k}"><figcaption>{legends[k]}</figcaption></figure>'
-                    for k, f in files.items())
   bad_html = "".join(f"<li>pair {b['id']} ({html.escape(b['shard'])}): {html.escape(b['reason'])}</li>"
                      for b in summary.bad_examples)
-  page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>ncjax audit of web data</title>
-<style>
-body {{ font-family: sans-serif; margin: 24px; color: #222; background: #fff; }}
-table.facts td {{ padding: 2px 12px 2px 0; }}
-.pairs {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(440px, 1fr)); gap: 10px; }}
-.pair {{ display: flex; align-items: center; gap: 12px; border: 1px solid #ddd; border-radius: 6px; padding: 8px; }}
-.rank {{ width: 40px; color: #666; font-size: 13px; }}
-img.thumb {{ display: block; flex: none; image-rendering: pixelated; }}
-.nothumb {{ width: {THUMB}px; color: #888; font-size: 12px; }}
-.caption {{ font-size: 14px; }}
-.meta {{ color: #777; font-size: 11px; margin-top: 4px; }}
-.flag {{ padding: 1px 6px; border-radius: 4px; font-size: 11px; color: #222; }}
-.flag.clean {{ background: #d8f0d8; }} .flag.noisy {{ background: #f6d5d5; }}
-figure {{ display: inline-block; vertical-align: top; margin: 0 24px 12px 0; }}
-img.plot {{ height: 300px; }}
-figcaption {{ color: #666; font-size: 12px; max-width: 420px; }}
-</style></head><body>
-<h1>Which pairs are noisy?</h1>
-<table class="facts">{''.join(f'<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>' for k, v in facts)}</table>
-<p>Every pair's score is in the per-shard files under <code>scores/</code>; the pairs below are in
-<a href="suspects.csv">suspects.csv</a> and <a href="sample.csv">sample.csv</a>.</p>
-<h2>Score distribution</h2>
-{figures}
-<h2>The {n_sus} most suspicious pairs</h2>
-<div class="pairs">
-{suspects_html}
-</div>
-<h2>A random sample of {len(summary.sample)} pairs</h2>
-<div class="pairs">
-{sample_html}
-</div>
-<h2>Bad records: {summary.bad:,}</h2>
-<ul>{bad_html}</ul>
-</body></html>
-"""
+  page = audit.report_page(
+      "ncjax audit of web data", facts, files, legends,
+      '<p>Every pair\'s score is in the per-shard files under <code>scores/</code>; the pairs below are in\n'
+      '<a href="suspects.csv">suspects.csv</a> and <a href="sample.csv">sample.csv</a>.</p>',
+      [(f"The {n_sus} most suspicious pairs", suspects_html),
+       (f"A random sample of {len(summary.sample)} pairs", sample_html)],
+      tail=f"<h2>Bad records: {summary.bad:,}</h2>\n<ul>{bad_html}</ul>\n")
   fileio.write_text(fileio.join(out, "index.html"), page)
   result = dict(scorer=scorer, datasets=[d["root"] for d in manifest["datasets"]], pairs=manifest["num_examples"],
                 scored=summary.scored, bad=summary.bad, auc=auc, top=n_sus,
