@@ -140,8 +140,7 @@ def run_seed(base: str, seed: int, steps: int) -> dict:
   rows = {"all": train(os.path.join(base, "clip_all"), clip_cfg, seed, f"--config.num_steps={steps}")}
   ncu = train(os.path.join(base, "ncu"), f"ncu:setting=scenes,data={web},init={os.path.join(base, 'clip_all')}",
               seed)
-  gsc = train(os.path.join(base, "gsc"), f"gsc:setting=scenes,data={web}", seed, f"--config.num_steps={steps}",
-              f"--config.method.warmup_epochs={steps // 2 // 7}")
+  gsc = train(os.path.join(base, "gsc"), f"gsc:setting=scenes,data={web}", seed, f"--config.num_steps={steps}")
   runs = dict(clip=os.path.join(base, "clip_all"), ncu=os.path.join(base, "ncu"), gsc=os.path.join(base, "gsc"),
               gsc_sim=os.path.join(base, "gsc"))
   audits = {}
