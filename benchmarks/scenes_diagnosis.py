@@ -150,13 +150,17 @@ def _gmm_stats(topo, valid):
               weights=g.weights_[order].tolist()), post
 
 
-def analyse_run(workdir: str) -> dict:
+def analyse_run(workdir: str, every: int = 1) -> dict:
+  """The curves of one run, from every `every`-th epoch's checkpoint (and the last)."""
   pairs, tokenizer, resolved = _training_pairs(workdir)
   clean = np.asarray(pairs.clean, bool)
   n = len(clean)
   method = resolved.config.method.name
   rows = []
-  for step in _steps(workdir):
+  steps = _steps(workdir)
+  for step in steps:
+    if step != steps[-1] and (step // SPE) % every:
+      continue
     img, txt, state, em = _embed_pairs(workdir, step, pairs, tokenizer)
     c2i = np.asarray(pairs.caption_to_image)
     cosine = np.sum(img[c2i] * txt, axis=1) if img.ndim == 2 else None
@@ -253,7 +257,7 @@ def _method_options(workdir: str):
   return resolved.options
 
 
-def analyse(out: str, only: set[str] = frozenset()) -> dict:
+def analyse(out: str, only: set[str] = frozenset(), every: int = 1) -> dict:
   """Every finished run's curves (those of `only`'s runs when given), cached per run."""
   results = {}
   for name in sorted(os.listdir(out)):
@@ -266,7 +270,7 @@ def analyse(out: str, only: set[str] = frozenset()) -> dict:
         results[name] = json.load(f)
       continue
     t = time.time()
-    results[name] = analyse_run(workdir)
+    results[name] = analyse_run(workdir, every)
     with open(os.path.join(workdir, "done.json")) as f:
       results[name]["final"] = json.load(f)["results"]
     with open(cached, "w") as f:
@@ -374,22 +378,64 @@ def _figures(out: str, runs: dict) -> None:
   plt.close(fig)
 
 
+def training_curves(out: str, runs=("clip60", "gsc60", "gsc60_w0", "ncu_from20", "ncu_from60")) -> str:
+  """scenes_training_curves.png from the runs' own metrics.jsonl (no checkpoint is read): the noise-detection AUC of
+  each method's clean score on the training pairs every epoch (CLIP: its cosine; GSC: its labels; NCU: its
+  unlearned model's cosine), and the held-out rsum every 10 epochs; seeds drawn thin, their mean thick."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+  for k, run in enumerate(runs):
+    series = []
+    for name in sorted(os.listdir(out)):
+      if name.rsplit("_seed", 1)[0] != run or not os.path.isfile(os.path.join(out, name, "done.json")):
+        continue
+      with open(os.path.join(out, name, "metrics.jsonl")) as f:
+        ev = [r for r in map(json.loads, f) if r.get("kind") == "eval"]
+      series.append(ev)
+    for ax, key in zip(axes, ("noise_detection/auc", "retrieval/rsum")):
+      curves = [np.asarray([(r["step"] / SPE, r[key]) for r in ev if key in r]) for ev in series]
+      curves = [c for c in curves if len(c)]
+      for c in curves:
+        ax.plot(c[:, 0], c[:, 1], color=f"C{k}", alpha=0.3, lw=0.8)
+      if curves:
+        m = min(len(c) for c in curves)
+        mean = np.mean([c[:m, 1] for c in curves], axis=0)
+        ax.plot(curves[0][:m, 0], mean, color=f"C{k}", lw=2, label=f"{run} ({len(curves)} seed(s))")
+  axes[0].set(xlabel="epoch", ylabel="noise AUC on the training pairs", ylim=(0.45, 1.0))
+  axes[1].set(xlabel="epoch", ylabel="held-out rsum")
+  for ax in axes:
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  fig.suptitle("scenes, 40% caption noise (tiny_scenes, batch 256, 7 steps an epoch)")
+  fig.tight_layout()
+  path = os.path.join(out, "scenes_training_curves.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", required=True)
   p.add_argument("--seeds", default="0")
   p.add_argument("--only", default="")
   p.add_argument("--analyse", action="store_true")
+  p.add_argument("--every", type=int, default=1, help="analyse: every N-th epoch's checkpoint (and the last)")
   p.add_argument("--report", action="store_true", help="tables.md and the figures from diagnosis.json")
+  p.add_argument("--curves", action="store_true", help="scenes_training_curves.png from the runs' metrics.jsonl")
   args = p.parse_args(argv)
   from ncjax import runtime
   runtime.configure_cpu_devices(8)
   import absl.logging
   absl.logging.set_verbosity(absl.logging.WARNING)
-  if args.report:
+  if args.curves:
+    print(training_curves(args.out))
+  elif args.report:
     print(report(args.out))
   elif args.analyse:
-    analyse(args.out, set(filter(None, args.only.split(","))))
+    analyse(args.out, set(filter(None, args.only.split(","))), args.every)
     print(report(args.out))
   else:
     train_runs(args.out, [int(s) for s in args.seeds.split(",")], set(filter(None, args.only.split(","))))
