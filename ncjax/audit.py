@@ -205,6 +205,25 @@ figcaption { color: #666; font-size: 12px; max-width: 420px; }
 """ % THUMB
 
 
+def pair_cell(out: str, name: str, rank: int, thumb, alt: str, no_image: str, caption: str, score: float,
+              clean: bool | None, where: str) -> str:
+  """One pair of an audit page: its thumbnail written to OUT/`name` (when there is one), the caption, the score, the
+  clean/noisy flag where the truth is known and where the pair lives."""
+  if thumb is not None:
+    b = io.BytesIO()
+    thumb.save(b, format="PNG")
+    fileio.write_bytes(fileio.join(out, name), b.getvalue())
+    picture = (f'<img class="thumb" src="{name}" width="{thumb.size[0]}" height="{thumb.size[1]}" '
+               f'alt="{html.escape(alt)}">')
+  else:
+    picture = f'<div class="nothumb">{html.escape(no_image)}</div>'
+  flag = {True: '<span class="flag clean">clean</span>', False: '<span class="flag noisy">noisy</span>'}.get(clean, "")
+  return (f'<div class="pair"><div class="rank">#{rank}</div>{picture}<div class="text">'
+          f'<div class="caption">{html.escape(caption)}</div>'
+          f'<div class="meta">score {score:.4g} {flag}</div>'
+          f'<div class="meta">{html.escape(where)}</div></div></div>')
+
+
 def report_page(title: str, facts: list[tuple[str, str]], files: dict[str, str], legends: dict[str, str],
                 intro: str, sections: list[tuple[str, str]], tail: str = "") -> str:
   """An audit's index.html (embedded and web data alike): the facts, the score plots (`files`: name -> file, each
@@ -239,25 +258,10 @@ def write_report(result: AuditResult, out: str, top: int = 100) -> dict[str, str
   cells = []
   for rank, i in enumerate(shown, 1):
     image = int(c2i[i])
-    thumb = thumbnail(pairs, image)
-    if thumb is not None:
-      name = f"thumbs/{rank:05d}_{int(i)}.png"
-      b = io.BytesIO()
-      thumb.save(b, format="PNG")
-      fileio.write_bytes(fileio.join(out, name), b.getvalue())
-      picture = (f'<img class="thumb" src="{name}" width="{thumb.size[0]}" height="{thumb.size[1]}" '
-                 f'alt="image {image}">')
-    else:
-      picture = '<div class="nothumb">no image (features)</div>'
-    flag = ""
-    if result.clean is not None:
-      flag = ('<span class="flag clean">clean</span>' if result.clean[i]
-              else '<span class="flag noisy">noisy</span>')
-    cells.append(f'<div class="pair"><div class="rank">#{rank}</div>{picture}<div class="text">'
-                 f'<div class="caption">{html.escape(captions[i])}</div>'
-                 f'<div class="meta">score {result.scores[i]:.4g} {flag}</div>'
-                 f'<div class="meta">pair {int(i)} · image {html.escape(_image_ref(pairs, image))}</div>'
-                 f'</div></div>')
+    clean = None if result.clean is None else bool(result.clean[i])
+    cells.append(pair_cell(out, f"thumbs/{rank:05d}_{int(i)}.png", rank, thumbnail(pairs, image),
+                           f"image {image}", "no image (features)", captions[i], float(result.scores[i]), clean,
+                           f"pair {int(i)} · image {_image_ref(pairs, image)}"))
   fraction = result.top_noisy_fraction(len(shown))
   facts = [("data", result.info["dataset"]), ("pairs", f"{len(result.scores):,}"),
            ("model", result.info.get("checkpoint", result.info.get("init", "")) +

@@ -219,26 +219,11 @@ def write_report(out: str, datasets=None, top: int = 100, sample: int = 100, web
   fileio.write_text(fileio.join(out, "sample.csv"), _csv(summary.sample, captions[len(summary.suspects):]))
 
   def cells(rows, pairs, tag):
-    out_cells = []
-    for rank, (r, (image, caption)) in enumerate(zip(rows, pairs), 1):
-      thumb = thumbnail(image)
-      if thumb is not None:
-        name = f"thumbs/{tag}_{rank:05d}_{r['id']}.png"
-        b = io.BytesIO()
-        thumb.save(b, format="PNG")
-        fileio.write_bytes(fileio.join(out, name), b.getvalue())
-        picture = (f'<img class="thumb" src="{name}" width="{thumb.size[0]}" height="{thumb.size[1]}" '
-                   f'alt="pair {r["id"]}">')
-      else:
-        picture = '<div class="nothumb">no image</div>'
-      flag = {1: '<span class="flag clean">clean</span>',
-              0: '<span class="flag noisy">noisy</span>'}.get(r["clean"], "")
-      out_cells.append(f'<div class="pair"><div class="rank">#{rank}</div>{picture}<div class="text">'
-                       f'<div class="caption">{html.escape(caption)}</div>'
-                       f'<div class="meta">score {r["score"]:.4g} {flag}</div>'
-                       f'<div class="meta">pair {r["id"]} · {html.escape(r["shard_name"])} · key '
-                       f'{html.escape(r["key"])}</div></div></div>')
-    return "".join(out_cells)
+    return "".join(audit.pair_cell(out, f"thumbs/{tag}_{rank:05d}_{r['id']}.png", rank, thumbnail(image),
+                                   f"pair {r['id']}", "no image", caption, float(r["score"]),
+                                   None if r["clean"] < 0 else bool(r["clean"]),
+                                   f"pair {r['id']} · {r['shard_name']} · key {r['key']}")
+                   for rank, (r, (image, caption)) in enumerate(zip(rows, pairs), 1))
 
   n_sus = len(summary.suspects)
   suspects_html = cells(summary.suspects, fetched[:n_sus], "suspect")
