@@ -173,18 +173,25 @@ def _plots(result: AuditResult, out: str) -> dict[str, str]:
   if result.clean is not None and result.clean.any() and (~result.clean).any():
     from sklearn.metrics import roc_curve
     fpr, tpr, _ = roc_curve(result.clean, result.scores)
-    fig, ax = plt.subplots(figsize=(4.2, 4.2))
-    ax.plot(fpr, tpr, label=f"AUC {result.auc():.3f}")
-    ax.plot([0, 1], [0, 1], "k--", lw=0.8)
-    ax.set_xlabel("noisy pairs called clean (FPR)")
-    ax.set_ylabel("clean pairs called clean (TPR)")
-    ax.set_title("clean vs noisy by score")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fileio.save_figure(fig, fileio.join(out, "roc.png"), dpi=110)
-    plt.close(fig)
-    files["roc"] = "roc.png"
+    files["roc"] = save_roc(out, fpr, tpr, result.auc())
   return files
+
+
+def save_roc(out: str, fpr, tpr, auc: float) -> str:
+  """OUT/roc.png: the score as a clean-vs-noisy detector (both audits' reports)."""
+  from ncjax.evals.plots import _pyplot
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(4.2, 4.2))
+  ax.plot(fpr, tpr, label=f"AUC {auc:.3f}")
+  ax.plot([0, 1], [0, 1], "k--", lw=0.8)
+  ax.set_xlabel("noisy pairs called clean (FPR)")
+  ax.set_ylabel("clean pairs called clean (TPR)")
+  ax.set_title("clean vs noisy by score")
+  ax.legend(loc="lower right")
+  fig.tight_layout()
+  fileio.save_figure(fig, fileio.join(out, "roc.png"), dpi=110)
+  plt.close(fig)
+  return "roc.png"
 
 
 _STYLE = """

@@ -179,16 +179,7 @@ def _plots(summary: Summary, out: str, kind: str) -> dict:
   if summary.has_truth:
     c, n = summary.hist["clean"][::-1], summary.hist["noisy"][::-1]   # from the highest score down
     tpr, fpr = np.concatenate([[0], np.cumsum(c) / c.sum()]), np.concatenate([[0], np.cumsum(n) / n.sum()])
-    fig, ax = plt.subplots(figsize=(4.2, 4.2))
-    ax.plot(fpr, tpr, label=f"AUC {summary.auc():.3f}")
-    ax.plot([0, 1], [0, 1], "k--", lw=0.8)
-    ax.set_xlabel("noisy pairs called clean (FPR)")
-    ax.set_ylabel("clean pairs called clean (TPR)")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fileio.save_figure(fig, fileio.join(out, "roc.png"), dpi=110)
-    plt.close(fig)
-    files["roc"] = "roc.png"
+    files["roc"] = audit.save_roc(out, fpr, tpr, summary.auc())
   return files
 
 
