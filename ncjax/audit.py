@@ -142,7 +142,13 @@ def thumbnail(pairs: TrainingPairs, image: int):
       im = f.convert("RGB")
   else:
     return None
-  im = im.convert("RGB")
+  return fit_thumbnail(im.convert("RGB"))
+
+
+def fit_thumbnail(im):
+  """A PIL image as a thumbnail of at most THUMB px: small images enlarged by an integer factor (pixels kept
+  sharp), larger ones shrunk."""
+  from PIL import Image
   w, h = im.size
   if max(w, h) < THUMB:
     factor = max(1, THUMB // max(w, h))

@@ -26,7 +26,6 @@ from ncjax.data.web import score_files, store, subset
 
 log = logging.getLogger("ncjax")
 
-THUMB = audit.THUMB          # thumbnail side in pixels
 HIST_SHIFT = 12             # histogram bins: the score's ordered float32 key >> 12 (2^20 bins, ~2^-11 relative)
 SAMPLE_SEED = 0x73616D70    # 'samp': the hash that picks the report's random sample
 
@@ -144,12 +143,7 @@ def thumbnail(data: bytes | None):
       im = f.convert("RGB")
   except Exception:  # noqa: BLE001 — any undecodable bytes: no thumbnail
     return None
-  w, h = im.size
-  if max(w, h) < THUMB:
-    factor = max(1, THUMB // max(w, h))
-    return im.resize((w * factor, h * factor), Image.NEAREST)
-  im.thumbnail((THUMB, THUMB), Image.BICUBIC)
-  return im
+  return audit.fit_thumbnail(im)
 
 
 def _plots(summary: Summary, out: str, kind: str) -> dict:
