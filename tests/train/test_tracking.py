@@ -15,9 +15,8 @@ import wandb   # noqa: F401  (a test dependency: a missing wandb fails this file
 import multiprocess
 from ncjax import logging_utils
 
-# The run happens in a child process: a jax.profiler session and wandb's threads left in a test worker were followed,
-# twice in `make test-all`, by a segmentation fault inside XLA's compile of a later test in the same worker
-# (tests/train/test_trainer.py; issue 37), never in `make test`, which does not run this test.
+# The run happens in a child process, so that no jax.profiler session or wandb thread outlives it in a test worker
+# (suspected, then ruled out, as the cause of make test-all's segfault in XLA's compile: issue 37).
 _RUN = """
 import sys
 sys.path.insert(0, {tests!r})
