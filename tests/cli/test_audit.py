@@ -195,4 +195,6 @@ def test_audit_on_two_processes_equals_one(gsc_run, tmp_path):
     for i in a:   # the same pair gets the same score (and clean flag) on 2 processes as on 1
       assert abs(a[i][0] - b[i][0]) <= 1e-5 and a[i][1] == b[i][1], (score, i, a[i], b[i])
     scores = np.asarray([float(r["score"]) for r in two])
-    assert np.all(np.diff(scores) >= -1e-6) and scores.std() > 0.01
+    # most suspicious first, and scores that differ pair to pair (a one-epoch model's cosines span ~0.03: a spread
+    # threshold would test the model, not the audit)
+    assert np.all(np.diff(scores) >= -1e-6) and len(np.unique(scores)) > 1000
