@@ -12,6 +12,15 @@ this skips is XLA's work. Programs with host callbacks are never shared (their c
 executable). JAX's persistent cache stays off (tests/conftest.py): that one deserialises executables, and
 deserialised collective programs hung on XLA:CPU; nothing is (de)serialised here.
 
+What the cache costs is memory maps, not memory: every loaded XLA:CPU executable keeps its JIT-compiled code in
+its own mappings (~150-400 per train step of the tiny models), and Linux caps a process at vm.max_map_count
+(65,530). Held by the cache, a `make test-all` worker's programs reached that cap, and the next compile's mmap
+failed inside LLVM: a segmentation fault in `backend_compile_and_load` (issue 37; reproduced in seconds with
+vm.max_map_count lowered to 7,000 on tests/train/test_trainer.py, which then crashes at its 8th test with the cache
+and passes without it). So the cache is bounded by the maps the process holds: after each compile, while the
+process maps more than half of its limit, the oldest programs are dropped (JAX frees an executable once neither
+this cache nor a live jitted function holds it).
+
 Test infrastructure only: it patches a private JAX function (`jax._src.compiler.backend_compile_and_load`,
 jax pinned to 0.10.x in setup.cfg); set NCJAX_TEST_SHARE_PROGRAMS=0 to turn it off.
 """
@@ -24,10 +33,39 @@ import os
 import threading
 
 MAX_PROGRAMS = 512    # LRU bound (tiny test programs: a few MB of code each)
+MAP_SHARE = 0.5       # the cache gives programs up while the process maps more than this share of its limit
 
 stats = collections.Counter()
 _cache: "collections.OrderedDict[tuple, object]" = collections.OrderedDict()
 _lock = threading.Lock()
+
+
+def _map_limit() -> int:
+  try:
+    with open("/proc/sys/vm/max_map_count") as f:
+      return int(f.read())
+  except (OSError, ValueError):
+    return 65530        # Linux's default; elsewhere (no /proc) the count below reads 0 and nothing is dropped
+
+
+def _maps_held() -> int:
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return f.read().count(b"\n")
+  except OSError:
+    return 0
+
+
+def _drop_oldest_while_over(budget: int) -> None:
+  """Called with _lock held. Drops a quarter of the cache at a time (a count of /proc/self/maps costs ~1 ms per 10k
+  maps), oldest first, until the process is under budget or the cache is empty."""
+  while _cache and _maps_held() > budget:
+    for _ in range(max(1, len(_cache) // 4)):
+      _cache.popitem(last=False)
+      stats["dropped (memory maps)"] += 1
+
+
+map_budget = int(MAP_SHARE * _map_limit())
 
 
 def _key(backend, module, executable_devices, options):
@@ -62,6 +100,7 @@ def install() -> bool:
       stats["compiled"] += 1
       while len(_cache) > MAX_PROGRAMS:
         _cache.popitem(last=False)
+      _drop_oldest_while_over(map_budget)   # read here: tests/test_shared_programs.py lowers it
     return executable
 
   shared_compile_and_load._ncjax_shared = True
