@@ -176,6 +176,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.noise = ml_collections.ConfigDict(dict(
       kind="none", ratio=0.0, seed=0, derangement=False, file="",
       per_device=False,   # in_batch_resample: within each device's batch instead of the global batch
+      # 'clean': train only on the pairs the injected noise left intact — a perfect filter, the reference a
+      # noise-robust method can at best reach (NC-bench's `oracle` row). The main stage keeps the step budget of
+      # an epoch over all pairs (num_epochs x all pairs // batch steps: more passes over fewer pairs) unless
+      # num_steps is set. Needs an injected noise index (not web data: `ncjax filter` selects pairs there).
+      train_on="all",
   ))
 
   # A concept to unlearn (AC / HAC and their fine-tuning baselines): the pairs whose image has one of `classes`,

@@ -16,6 +16,7 @@ import dataclasses
 from typing import Any
 
 import jax
+import numpy as np
 
 from ncjax import errors
 from ncjax import checkpoint as ckpt_lib
@@ -27,6 +28,7 @@ from ncjax.data.web import pipeline as web_pipeline
 from ncjax.data.concepts import concept_train_data
 from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform, noise_index
 from ncjax.data.pipeline import TrainData
+from ncjax.data.pipeline import train_data as pipeline_train_data
 from ncjax.data.specs import ConceptSpec, InputSpec, NoiseSpec, WebSpec
 from ncjax.methods import Method, MethodSetup, build_method, method_class
 from ncjax.models.microbatch import check_micro_batches
@@ -94,16 +96,22 @@ class Resolved:
   concept: ConceptSpec
   tokenizer: tokenizers.TokenizerSpec
 
-  def setup(self, *, tokenizer, num_examples: int, prior_scores=None) -> MethodSetup:
+  def setup(self, *, tokenizer, num_examples: int, prior_scores=None, main_stage_steps: int | None = None
+            ) -> MethodSetup:
+    """main_stage_steps: the main stage's length in steps when the data, not the config, sets it (noise.train_on=
+    'clean'); config.num_steps wins when given."""
     c = self.config
+    num_steps = c.num_steps if c.num_steps is not None else main_stage_steps
     return MethodSetup(model=self.model, tokenizer=tokenizer, num_examples=num_examples, num_epochs=c.num_epochs,
-                       num_steps=c.num_steps, seed=c.seed, lr=c.optim.lr, weight_decay=c.optim.weight_decay,
+                       num_steps=num_steps, seed=c.seed, lr=c.optim.lr, weight_decay=c.optim.weight_decay,
                        freeze=c.optim.freeze,
                        micro_batches=c.optim.micro_batches, prior_scores=prior_scores)
 
-  def method(self, *, tokenizer, num_examples: int, prior_scores=None) -> Method:
+  def method(self, *, tokenizer, num_examples: int, prior_scores=None, main_stage_steps: int | None = None
+             ) -> Method:
     return build_method(self.method_class.name, self.setup(tokenizer=tokenizer, num_examples=num_examples,
-                                                           prior_scores=prior_scores), self.options)
+                                                           prior_scores=prior_scores,
+                                                           main_stage_steps=main_stage_steps), self.options)
 
   def prior_scores_source(self) -> str | None:
     return self.method_class.prior_scores_source(self.options, self.init.spec if self.init.kind != "none" else "")
@@ -190,6 +198,26 @@ class Experiment:
     return self.resolved.init
 
 
+def check_train_on(resolved: Resolved) -> None:
+  """noise.train_on='clean' needs a static noise index to know which pairs are intact, and trains every pair it
+  keeps: one line naming what does not fit."""
+  if resolved.noise.train_on != "clean":
+    return
+  if web_pipeline.is_web(resolved.input.dataset):
+    raise errors.ConfigurationError(
+        "noise.train_on='clean' needs an injected noise index, and web data carries its own noise: to train on "
+        "chosen pairs of web data, score them (`ncjax audit`) and select them (`ncjax filter`, then "
+        "input.web.filter=DIR)")
+  if resolved.noise.kind == "in_batch_resample":
+    raise errors.ConfigurationError(
+        "noise.train_on='clean' trains on the pairs a static noise index leaves intact; in_batch_resample corrupts "
+        "different pairs at every step: use noise.kind='caption_shuffle', 'image_shuffle' or 'file'")
+  if resolved.concept.train_on != "all":
+    raise errors.ConfigurationError(
+        f"noise.train_on='clean' and concept.train_on={resolved.concept.train_on!r} both choose the training pairs: "
+        f"set one of them")
+
+
 def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
   """The whole experiment of a config. `saved_tokenizer`: the vocabulary of a checkpoint being resumed (else the
   init run's, else one built from the training captions)."""
@@ -199,6 +227,8 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
   check_micro_batches(inp.global_batch_size, mesh.devices.size, config.optim.micro_batches)
   if saved_tokenizer is None:
     saved_tokenizer = resolved.init.saved_tokenizer()
+  check_train_on(resolved)
+  main_stage_steps = None
   if web_pipeline.is_web(inp.dataset):   # img2dataset output at any size: nothing N-long in memory
     train_data, tokenizer = web_pipeline.train_data(inp, resolved.noise, resolved.concept, resolved.tokenizer,
                                                     image_size=spec.image_size, mesh=mesh,
@@ -208,9 +238,16 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
     split = data_lib.load_split(inp, inp.split, spec.image_size)
     tokenizer = resolved.tokenizer.build(split.captions, saved=saved_tokenizer, vocabulary=split.vocabulary)
     noisy = noise_index(resolved.noise, split.caption_to_image)
-    train_data = concept_train_data(inp, resolved.concept, split, tokenizer, mesh, noisy, image_size=spec.image_size)
+    if resolved.noise.train_on == "clean" and noisy is not None:   # the perfect filter: only the intact pairs
+      train_data = pipeline_train_data(inp, split, tokenizer, mesh, noisy, image_size=spec.image_size,
+                                       subset=np.flatnonzero(noisy.clean))
+      main_stage_steps = config.num_epochs * (split.num_captions // inp.global_batch_size)  # all pairs' budget
+    else:
+      train_data = concept_train_data(inp, resolved.concept, split, tokenizer, mesh, noisy,
+                                      image_size=spec.image_size)
   source = resolved.prior_scores_source()
   prior = (scores_lib.load_clean_scores(source, train_data.num_examples, train_data.noise_sha256)
            if source is not None else None)
-  method = resolved.method(tokenizer=tokenizer, num_examples=train_data.num_examples, prior_scores=prior)
+  method = resolved.method(tokenizer=tokenizer, num_examples=train_data.num_examples, prior_scores=prior,
+                           main_stage_steps=main_stage_steps)
   return Experiment(config, resolved, mesh, tokenizer, train_data, method, noisy, batch_transform(resolved.noise))

@@ -14,6 +14,7 @@ WEB_MODES = ("auto", "index", "stream")
 WEB_READS = ("auto", "pair", "block")
 WEB_DECODERS = ("pil", "simplejpeg")
 TRAIN_ON = ("all", "retain", "forget_retain")
+NOISE_TRAIN_ON = ("all", "clean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +81,11 @@ class NoiseSpec:
   derangement: bool = False
   file: str = ""
   per_device: bool = False
+  train_on: str = "all"           # 'all' | 'clean': only the pairs the noise left intact (a perfect filter)
+
+  def __post_init__(self):
+    if self.train_on not in NOISE_TRAIN_ON:
+      raise ValueError(f"unknown noise.train_on {self.train_on!r}; expected one of {NOISE_TRAIN_ON}")
 
 
 @dataclasses.dataclass(frozen=True)

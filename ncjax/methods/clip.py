@@ -28,7 +28,9 @@ class CLIP(SingleModelMethod):
 
   Options = CLIPOptions
   supported_geometries = ("sphere", "lorentz")
-  bench = (BenchEntry("clip", "CLIP InfoNCE (the baseline; at noise 0: the clean-caption reference)", "clip"),)
+  bench = (BenchEntry("clip", "CLIP InfoNCE (the baseline; at noise 0: the clean-caption reference)", "clip"),
+           BenchEntry("oracle", "CLIP on only the pairs the noise left intact, the same steps (a perfect filter)",
+                      "clip", args="train_on=clean"))
 
   def __init__(self, setup, options=None):
     super().__init__(setup, options)
