@@ -65,7 +65,7 @@ def _workdir(name: str) -> str:
 
 # The NC-bench sweep `make demo` runs (configs/ncbench.py arguments): one seed at 40% noise, every digits method and
 # two compositions, each method's own config budget; the clean-caption CLIP reference is NC-bench's default here.
-DEMO_METHODS = "clip+ncu+gsc+bayes+ncu_gsc_forget+gsc_then_ncu"
+DEMO_METHODS = "clip+oracle+ncu+gsc+bayes+ncu_gsc_forget+gsc_then_ncu"
 DEMO_BENCH = f"noise=0.4,seeds=1,methods={DEMO_METHODS}"
 
 
