@@ -111,6 +111,9 @@ def base_config() -> ml_collections.ConfigDict:
   # the learned one), proj_bias=True (biases on both projections), text_pool='final' / 'first' / 'gap' / 'map'.
   # MERU's towers (configs/meru.py's paper preset, `meru:PATH`): a timm ViT — patch_bias=True, ln_pre=False,
   # posemb='sincos2d_moco' (MoCo v3's fixed table, frozen) — and act='gelu' (exact GELU) in both towers.
+  # attention: 'auto' (cuDNN's fused attention on an NVIDIA GPU with dtype bfloat16/float16 and head sizes up to 128,
+  # else 'einsum'), 'einsum' (heads-major einsums, the fastest form on the CPU), 'xla' (jax.nn.dot_product_attention's
+  # XLA implementation) or 'cudnn' (an error where it cannot run); every kind computes the same function.
   c.model = ml_collections.ConfigDict(dict(
       size="tiny", image_type="vit", text_type="transformer",
       image_size=config_dict.placeholder(int), patch_size=config_dict.placeholder(int),
@@ -124,7 +127,7 @@ def base_config() -> ml_collections.ConfigDict:
       pool="tok", ln_pre=True, patch_bias=False, ln_eps=1e-5, act="quick_gelu", text_pool="eot",
       text_causal=True, posemb="learn", proj_bias=False,
       tokenizer="auto", pretrained="",
-      dtype="float32", remat=False,
+      dtype="float32", remat=False, attention="auto",
       geometry="sphere", curv_init=1.0,
       logit_scale_init=math.log(1 / 0.07), logit_bias_init=config_dict.placeholder(float),
       # Region-feature retrieval models (image_type='regions', text_type='bigru'; ncjax.models.sgraf): the region

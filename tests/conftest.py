@@ -1,8 +1,16 @@
-"""Tests run on 8 simulated CPU devices so that sharding is exercised without an accelerator."""
+"""Tests run on 8 simulated CPU devices so that sharding is exercised without an accelerator.
+
+NCJAX_TEST_ACCELERATOR=1 (benchmarks/accelerator/run.sh, on a GPU host): JAX's default backend is the accelerator,
+so the tests that compute on `jax.devices()` run there; the `devices` fixture still gives the 8 simulated CPU
+devices, whose sharding tests then run beside them. Run such a slice at JAX_DEFAULT_MATMUL_PRECISION=highest: a
+GPU's default float32 matmul is TF32, ~1e-3 off the float32 references.
+"""
 
 import os
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+ACCELERATOR = os.environ.get("NCJAX_TEST_ACCELERATOR", "0") == "1"
+if not ACCELERATOR:
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # No persistent compilation cache: with it, a step with FSDP all-gathers loaded from the cache hangs in XLA:CPU's
 # in-process collectives (test_fsdp_mesh_matches_data_parallel: stuck > 5 min with the cache, 60 s without; on
 # CI the rendezvous timeout then aborted the workers).
@@ -11,9 +19,11 @@ os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 # level 0 (~25% faster compiles) and XLA:CPU's older loop emitters instead of its MLIR fusion emitters (test_trainer.py
 # 117 s -> 93-104 s); the programs still run in milliseconds. Inherited by the CLI subprocesses; benchmarks and real
 # runs keep XLA's defaults. A flag already in XLA_FLAGS is left as the user set it.
-for _flag, _value in (("xla_backend_optimization_level", "0"), ("xla_cpu_use_fusion_emitters", "false")):
-  if _flag not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{_flag}={_value}".strip()
+# (jaxlib 0.11 has no loop emitters any more: ncjax.compat gives the flags the installed jaxlib accepts.)
+from ncjax import compat  # noqa: E402
+
+if not ACCELERATOR:   # (on a GPU the flags would slow the kernels under test, and its compiles are not the cost)
+  os.environ["XLA_FLAGS"] = compat.with_xla_flags(os.environ.get("XLA_FLAGS", ""), compat.fast_compile_xla_flags())
 
 from ncjax import runtime  # noqa: E402
 
@@ -51,8 +61,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def devices():
-  assert len(jax.devices()) == 8, "tests expect 8 simulated CPU devices (tests/conftest.py)"
-  return jax.devices()
+  cpus = jax.devices("cpu")
+  assert len(cpus) == 8, "tests expect 8 simulated CPU devices (tests/conftest.py)"
+  return cpus
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,8 @@ process maps more than half of its limit, the oldest programs are dropped (JAX f
 this cache nor a live jitted function holds it).
 
 Test infrastructure only: it patches a private JAX function (`jax._src.compiler.backend_compile_and_load`,
-jax pinned to 0.10.x in setup.cfg); set NCJAX_TEST_SHARE_PROGRAMS=0 to turn it off.
+present in jax 0.10.2 and 0.11.2, the releases setup.cfg admits); set NCJAX_TEST_SHARE_PROGRAMS=0 to turn it
+off.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ PKG = os.path.join(ROOT, "ncjax")
 # the top-level modules and sub-packages of ncjax; 'ncjax' is the package root (its __version__).
 ALLOWED = {
     "registry": set(), "numerics": set(), "contract": set(), "config_lib": set(), "runtime": set(),
-    "sharding": set(), "options": set(), "fileio": set(), "errors": set(),
+    "sharding": set(), "options": set(), "fileio": set(), "errors": set(), "compat": set(),
     "logging_utils": {"fileio"}, "checkpoint": {"fileio"},
     "tokenizers": {"registry"},
     "models": {"registry", "numerics", "contract"},
@@ -33,8 +33,9 @@ ALLOWED = {
     "train": {"ncjax", "experiment", "checkpoint", "optim", "sharding", "contract", "logging_utils", "config_lib",
               "pretrained"},
 }
-# ncjax.errors (the kinds of user error and how they are reported) is a leaf every component may import.
-EVERYWHERE = {"errors"}
+# ncjax.errors (the kinds of user error and how they are reported) and ncjax.compat (where the supported JAX releases
+# differ) are leaves every component may import.
+EVERYWHERE = {"errors", "compat"}
 # Entry points (CLI, demo, tools, the evaluation path) may import anything; nothing below may import them.
 TOP = {"train", "experiment", "evaluation", "eval_suite", "audit", "web_audit", "web_report", "main", "demo", "testing"}
 

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ncjax.models.geometry import GEOMETRIES, l2_normalize
+from ncjax.models.layers import ATTENTION_KINDS, resolve_attention
 from ncjax.models.sizes import SIZES, get_size
 from ncjax.models.two_tower import (IMAGE_TOWERS, TEXT_TOWERS, TwoTower, clamp_stored, register_image_tower,
                                     register_text_tower)
@@ -113,6 +114,7 @@ class ModelSpec:
   proj_bias: bool = False      # a bias on both towers' projections (big_vision's heads)
   dtype: str = "float32"
   remat: bool = False
+  attention: str = "auto"      # 'auto' | 'einsum' | 'xla' | 'cudnn' (ncjax.models.layers.MultiHeadAttention)
   geometry: str = "sphere"
   curv_init: float = 1.0
   logit_scale_init: float = math.log(1 / 0.07)
@@ -168,20 +170,35 @@ def build_two_tower(spec: ModelSpec, *, vocab_size: int | None, eot_id: int, pad
   towers = with_vocabulary(spec, vocab_size)
   rngs = nnx.Rngs(seed)
   embed_dim = towers["embed_dim"]
+  attention = attention_kinds(spec)
   image = IMAGE_TOWERS[spec.image_type](
       **towers["image"], embed_dim=embed_dim, pool=spec.pool, ln_pre=spec.ln_pre, act=spec.act, dtype=dtype,
       remat=spec.remat, patch_bias=spec.patch_bias, ln_eps=spec.ln_eps, rngs=rngs,
-      **_non_default(spec, image_posemb="posemb", image_proj_bias="proj_bias"))
+      **_non_default(spec, image_posemb="posemb", image_proj_bias="proj_bias"),
+      **({} if attention["image"] == "einsum" else {"attention": attention["image"]}))
   text = TEXT_TOWERS[spec.text_type](
       **towers["text"], embed_dim=embed_dim, eot_id=eot_id, pad_id=pad_id, pool=spec.text_pool, act=spec.act,
       dtype=dtype, remat=spec.remat, ln_eps=spec.ln_eps, rngs=rngs,
-      **_non_default(spec, text_causal="causal", text_proj_bias="proj_bias"))
+      **_non_default(spec, text_causal="causal", text_proj_bias="proj_bias"),
+      **({} if attention["text"] == "einsum" else {"attention": attention["text"]}))
   geo_kwargs = dict(embed_dim=embed_dim)
   if spec.geometry == "lorentz":
     geo_kwargs["curv_init"] = spec.curv_init
   geometry = GEOMETRIES[spec.geometry](**geo_kwargs, rngs=rngs)
   return TwoTower(image, text, geometry, logit_scale_init=spec.logit_scale_init,
                   logit_bias_init=spec.logit_bias_init, micro_batches=micro_batches)
+
+
+def attention_kinds(spec: ModelSpec, platform: str | None = None) -> dict[str, str]:
+  """The attention implementation each tower's blocks run (`model.attention` resolved for their head sizes and the
+  compute dtype on `platform`, JAX's default backend by default): {'image': ..., 'text': ...}. A tower that computes
+  with the einsum path is built without the keyword, so towers registered before the option keep working."""
+  if spec.is_region:
+    return {}
+  dtype = DTYPES[spec.dtype]
+  return {tower: resolve_attention(spec.attention, dtype=dtype, platform=platform,
+                                   head_dim=spec.towers[tower]["width"] // spec.towers[tower]["heads"])
+          for tower in ("image", "text")}
 
 
 _TOWER_OPTIONS = {"image_posemb": ("posemb", "learn"), "image_proj_bias": ("proj_bias", False),
@@ -228,4 +245,4 @@ REGION_MICRO_BATCHES = (
 
 __all__ = ["TwoTower", "ModelSpec", "build_two_tower", "build_model", "resolve_model_spec", "with_vocabulary",
            "MODEL_KINDS", "CLIP_VOCAB_SIZE", "register_image_tower", "register_text_tower",
-           "SIZES", "DTYPES", "l2_normalize"]
+           "SIZES", "DTYPES", "l2_normalize", "ATTENTION_KINDS", "attention_kinds"]

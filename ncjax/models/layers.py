@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ncjax import errors
+
 LAYER_NORM_EPS = 1e-5  # CLIP's value; flax defaults to 1e-6
 
 
@@ -40,45 +42,102 @@ def dense(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, use_bia
                     param_dtype=jnp.float32, kernel_init=init, rngs=rngs)
 
 
-class MultiHeadAttention(nnx.Module):
-  """Self- or cross-attention with a fused QKV projection (rows [q; k; v], as CLIP's in_proj)."""
+ATTENTION_KINDS = ("auto", "einsum", "xla", "cudnn")
+CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+CUDNN_MAX_HEAD_DIM = 128   # cuDNN's fused attention: head sizes that are multiples of 8, up to 128
 
-  def __init__(self, width: int, heads: int, *, dtype, rngs: nnx.Rngs):
+
+def cudnn_refusal(*, dtype, head_dim: int, platform: str) -> str | None:
+  """Why cuDNN's fused attention cannot run these heads here (None when it can): it needs an NVIDIA GPU, a half
+  precision compute dtype and a head size that is a multiple of 8, at most 128."""
+  if platform not in ("gpu", "cuda"):
+    return f"it needs an NVIDIA GPU, and this process computes on {platform!r}"
+  if jnp.dtype(dtype) not in [jnp.dtype(d) for d in CUDNN_DTYPES]:
+    return f"it takes bfloat16 or float16, and model.dtype is {jnp.dtype(dtype).name} (set model.dtype=bfloat16)"
+  if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
+    return f"it takes head sizes that are multiples of 8 up to {CUDNN_MAX_HEAD_DIM}, and these heads have {head_dim}"
+  return None
+
+
+def resolve_attention(kind: str, *, dtype, head_dim: int, platform: str | None = None) -> str:
+  """The attention implementation `model.attention` asks for on `platform` (default: JAX's default backend, where
+  the model is traced and run): 'auto' is cuDNN's fused kernel on a GPU where it can run (bf16/fp16, head size),
+  else the einsum path; an explicit 'cudnn' that cannot run is an error naming why."""
+  if kind not in ATTENTION_KINDS:
+    raise errors.ConfigurationError(f"unknown model.attention {kind!r}; expected one of {ATTENTION_KINDS}")
+  platform = jax.default_backend() if platform is None else platform
+  if kind == "auto":
+    return "cudnn" if cudnn_refusal(dtype=dtype, head_dim=head_dim, platform=platform) is None else "einsum"
+  if kind == "cudnn":
+    why = cudnn_refusal(dtype=dtype, head_dim=head_dim, platform=platform)
+    if why is not None:
+      raise errors.ConfigurationError(f"model.attention='cudnn' cannot run: {why}; model.attention='auto' picks cuDNN where it "
+                       f"can and the einsum path elsewhere")
+  return kind
+
+
+def attention_mask(n: int, *, causal: bool, key_mask):
+  """The (batch or 1, 1, queries, keys) boolean mask of causal and key-padding masking, None when neither."""
+  mask = None
+  if causal:
+    mask = jnp.tril(jnp.ones((n, n), bool))[None, None]
+  if key_mask is not None:  # (b, n) True where a key may be attended to
+    keys = key_mask[:, None, None, :]
+    mask = keys if mask is None else mask & keys
+  return mask
+
+
+class MultiHeadAttention(nnx.Module):
+  """Self-attention with a fused QKV projection (rows [q; k; v], as CLIP's in_proj).
+
+  `attention` (`model.attention`; resolved once here, `resolve_attention`): 'einsum' — the heads-major einsums
+  below, tuned for the CPU; 'xla' — `jax.nn.dot_product_attention(implementation='xla')` on token-major q, k, v;
+  'cudnn' — the same call with cuDNN's fused (flash) attention kernel, bf16/fp16 on NVIDIA GPUs; 'auto' — cudnn
+  where it can run, else einsum. The parameters and the arithmetic are the same for every kind: logits and softmax
+  in float32, masked logits at jax's large negative value (a fully masked row attends uniformly, never NaN)."""
+
+  def __init__(self, width: int, heads: int, *, dtype, rngs: nnx.Rngs, attention: str = "einsum"):
     if width % heads:
       raise ValueError(f"attention width {width} is not divisible by the number of heads {heads}")
     self.heads = heads
     self.dtype = dtype
+    self.attention = resolve_attention(attention, dtype=dtype, head_dim=width // heads)
     self.qkv = dense(width, 3 * width, dtype=dtype, rngs=rngs, std=width ** -0.5)
     self.out = dense(width, width, dtype=dtype, rngs=rngs, std=width ** -0.5)
 
   def __call__(self, x, *, causal: bool = False, key_mask=None):
-    """Scaled dot-product attention, computed heads-major: the fused kernel viewed as (width, 3, heads, head_dim)
-    projects each of q, k, v straight into (batch, heads, tokens, head_dim), the two attention matmuls then batch
-    over leading (batch, heads) axes, and the output projection contracts (heads, head_dim) directly. The
-    token-major form (project to (batch, tokens, 3 * width), split, attend) made XLA transpose q, k, v and their
-    gradients around every attention matmul: 16% of the `small` CLIP step on CPU went to those copies. Same
-    arithmetic as `jax.nn.dot_product_attention`: logits and softmax in float32, masked logits at its large
-    negative value (a fully masked row attends uniformly, never NaN)."""
     b, n, w = x.shape
     h = self.heads
     d = w // h
     x = x.astype(self.dtype)
     kernel = self.qkv.kernel[...].reshape(w, 3, h, d).astype(self.dtype)
-    bias = self.qkv.bias[...].reshape(3, 1, h, 1, d).astype(self.dtype)
-    q, k, v = (jnp.einsum("bnw,whd->bhnd", x, kernel[:, i]) + bias[i] for i in range(3))
+    bias = self.qkv.bias[...].reshape(3, h, d).astype(self.dtype)
+    out_kernel = self.out.kernel[...].reshape(h, d, w).astype(self.dtype)
+    out_bias = self.out.bias[...].astype(self.dtype)
+    if self.attention == "einsum":
+      return self._einsum(x, kernel, bias, out_kernel, causal, key_mask) + out_bias
+    # Token-major (batch, tokens, heads, head_dim), the layout jax.nn.dot_product_attention and cuDNN take.
+    q, k, v = (jnp.einsum("bnw,whd->bnhd", x, kernel[:, i]) + bias[i] for i in range(3))
+    mask = None if key_mask is None else attention_mask(n, causal=False, key_mask=key_mask)
+    y = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation=self.attention)
+    return jnp.einsum("bnhd,hdw->bnw", y, out_kernel) + out_bias
+
+  def _einsum(self, x, kernel, bias, out_kernel, causal, key_mask):
+    """Scaled dot-product attention, computed heads-major: the fused kernel viewed as (width, 3, heads, head_dim)
+    projects each of q, k, v straight into (batch, heads, tokens, head_dim), the two attention matmuls then batch
+    over leading (batch, heads) axes, and the output projection contracts (heads, head_dim) directly. The
+    token-major form (project to (batch, tokens, 3 * width), split, attend) made XLA transpose q, k, v and their
+    gradients around every attention matmul: 16% of the `small` CLIP step on CPU went to those copies. Same
+    arithmetic as `jax.nn.dot_product_attention`."""
+    n, d = x.shape[1], kernel.shape[-1]
+    q, k, v = (jnp.einsum("bnw,whd->bhnd", x, kernel[:, i]) + bias[i][None, :, None, :] for i in range(3))
     logits = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) * jnp.float32(d ** -0.5)
-    mask = None
-    if causal:
-      mask = jnp.tril(jnp.ones((n, n), bool))[None, None]
-    if key_mask is not None:  # (b, n) True where a key may be attended to
-      keys = key_mask[:, None, None, :]
-      mask = keys if mask is None else mask & keys
+    mask = attention_mask(n, causal=causal, key_mask=key_mask)
     if mask is not None:
       logits = jnp.where(mask, logits, jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max)))
     probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
     y = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
-    out_kernel = self.out.kernel[...].reshape(h, d, w).astype(self.dtype)
-    return jnp.einsum("bhnd,hdw->bnw", y, out_kernel) + self.out.bias[...].astype(self.dtype)
+    return jnp.einsum("bhnd,hdw->bnw", y, out_kernel)
 
 
 class MlpBlock(nnx.Module):
@@ -96,10 +155,10 @@ class ResidualBlock(nnx.Module):
   """Pre-norm transformer block: x + attn(ln_1(x)); x + mlp(ln_2(x))."""
 
   def __init__(self, width: int, heads: int, mlp_dim: int, *, act: str, dtype, rngs: nnx.Rngs,
-               ln_eps: float = LAYER_NORM_EPS):
+               ln_eps: float = LAYER_NORM_EPS, attention: str = "einsum"):
     self.dtype = dtype
     self.ln_1 = layer_norm(width, rngs, ln_eps)
-    self.attn = MultiHeadAttention(width, heads, dtype=dtype, rngs=rngs)
+    self.attn = MultiHeadAttention(width, heads, dtype=dtype, rngs=rngs, attention=attention)
     self.ln_2 = layer_norm(width, rngs, ln_eps)
     self.mlp = MlpBlock(width, mlp_dim, act=act, dtype=dtype, rngs=rngs)
 
@@ -127,13 +186,14 @@ class Transformer(nnx.Module):
   """A stack of residual blocks named `block_0 .. block_{depth-1}` (so freezing regexes can name them)."""
 
   def __init__(self, width: int, depth: int, heads: int, *, mlp_dim: int | None = None, act: str = "quick_gelu",
-               dtype=jnp.float32, remat: bool = False, ln_eps: float = LAYER_NORM_EPS, rngs: nnx.Rngs):
+               dtype=jnp.float32, remat: bool = False, ln_eps: float = LAYER_NORM_EPS, attention: str = "einsum",
+               rngs: nnx.Rngs):
     self.depth = depth
     self.remat = remat
     mlp_dim = 4 * width if mlp_dim is None else mlp_dim
     for i in range(depth):
       setattr(self, f"block_{i}", ResidualBlock(width, heads, mlp_dim, act=act, dtype=dtype, rngs=rngs,
-                                                ln_eps=ln_eps))
+                                                ln_eps=ln_eps, attention=attention))
 
   def __call__(self, x, *, causal: bool = False, key_mask=None):
     # Rematerialisation trades one extra forward per block for activation memory (large contrastive batches).

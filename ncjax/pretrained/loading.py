@@ -173,8 +173,10 @@ class PretrainedModel:
     return nnx.merge(self._graphdef, self.params).score(image_emb, text_emb)
 
 
-def load_model(spec: str):
-  """(model, preprocess, tokenizer), like open_clip's create_model_and_transforms.
+def load_model(spec: str, *, attention: str = "auto", dtype: str = "float32"):
+  """(model, preprocess, tokenizer), like open_clip's create_model_and_transforms. `attention` / `dtype`: the
+  model's `model.attention` and compute dtype (parameters stay float32): 'cudnn' (or 'auto' on a GPU) with
+  dtype='bfloat16' runs cuDNN's fused attention.
 
   model.encode_image takes preprocessed NHWC float32 images, model.encode_text the tokenizer's ids; both return
   embeddings in the model's geometry. preprocess(PIL image or uint8 array) -> (H, W, 3) float32 with the model's
@@ -186,6 +188,7 @@ def load_model(spec: str):
   model_config, params = load(spec)
   cfg = ml_collections.ConfigDict(dict(_config_defaults(), **{k: v for k, v in model_config.items()
                                                              if k != "preprocess"}))
+  cfg.attention, cfg.dtype = attention, dtype
   if cfg.tokenizer == "clip_bpe":
     tokenizer = tokenizers.ClipBpeTokenizer(context_length=cfg.context_length)
   else:   # big_vision: the SentencePiece model beside the checkpoint

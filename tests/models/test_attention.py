@@ -1,0 +1,158 @@
+"""`model.attention`: every implementation the CPU can run computes the einsum path's function (outputs and
+gradients, with causal and key-padding masks, a fully masked row included), the whole two-tower model and an
+imported open_clip checkpoint give the same embeddings under each, and 'auto' / 'cudnn' are resolved from the
+platform, the compute dtype and the head size with one clear line where cuDNN cannot run."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ncjax import errors, models
+from ncjax.models import layers
+from ncjax.models.layers import MultiHeadAttention, resolve_attention
+
+CPU_KINDS = ("einsum", "xla")
+
+
+def _attention(kind: str, dtype=jnp.float32, width: int = 32, heads: int = 4):
+  return MultiHeadAttention(width, heads, dtype=dtype, rngs=nnx.Rngs(3), attention=kind)
+
+
+def _inputs(b=3, n=7, w=32):
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(b, n, w)).astype(np.float32)
+  key_mask = rng.random((b, n)) > 0.3
+  key_mask[:, 0] = True
+  key_mask[1] = False            # a row whose keys are all masked: attends uniformly, never NaN
+  return jnp.asarray(x), jnp.asarray(key_mask)
+
+
+def _run(kind, x, *, causal, key_mask, dtype=jnp.float32):
+  module = _attention(kind, dtype)
+  graphdef, params = nnx.split(module, nnx.Param)
+
+  def loss(p, x):
+    y = nnx.merge(graphdef, p)(x, causal=causal, key_mask=key_mask)
+    return jnp.sum(jnp.sin(y.astype(jnp.float32))), y
+
+  (value, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+  return y, grads, value
+
+
+@pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True), (True, True)])
+def test_xla_attention_equals_the_einsum_path_with_masks_and_gradients(causal, masked):
+  x, key_mask = _inputs()
+  key_mask = key_mask if masked else None
+  y_ref, g_ref, _ = _run("einsum", x, causal=causal, key_mask=key_mask)
+  y, g, _ = _run("xla", x, causal=causal, key_mask=key_mask)
+  assert np.isfinite(np.asarray(y)).all()
+  np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), atol=2e-6, rtol=0)
+  for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-5)
+  if masked:   # the fully masked row is the mean of the values, as with every row's keys equal
+    assert np.abs(np.asarray(y)[1]).max() > 0
+
+
+def test_the_masks_matter():
+  """The parity above compares something: masking changes the output, for both kinds alike."""
+  x, key_mask = _inputs()
+  for kind in CPU_KINDS:
+    plain, _, _ = _run(kind, x, causal=False, key_mask=None)
+    causal, _, _ = _run(kind, x, causal=True, key_mask=None)
+    padded, _, _ = _run(kind, x, causal=False, key_mask=key_mask)
+    assert np.abs(np.asarray(plain - causal)).max() > 1e-3
+    assert np.abs(np.asarray(plain - padded)).max() > 1e-3
+    # causal: the first token sees only itself, whatever the others are
+    x2 = x.at[:, 1:].set(0.0)
+    first, _, _ = _run(kind, x2, causal=True, key_mask=None)
+    np.testing.assert_allclose(np.asarray(first)[:, 0], np.asarray(causal)[:, 0], atol=1e-6)
+
+
+def test_bf16_compute_agrees_across_kinds():
+  x, key_mask = _inputs()
+  y_ref, _, _ = _run("einsum", x, causal=True, key_mask=key_mask, dtype=jnp.bfloat16)
+  y, _, _ = _run("xla", x, causal=True, key_mask=key_mask, dtype=jnp.bfloat16)
+  assert y.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(y_ref, np.float32), atol=3e-2, rtol=0)
+
+
+def _tiny_spec(attention: str, **kw):
+  import ml_collections
+  from ncjax.config_lib import base_config
+  cfg = base_config().model
+  cfg.update(dict(size="micro", attention=attention, **kw))
+  return models.ModelSpec.from_config(ml_collections.ConfigDict(cfg.to_dict()))
+
+
+def test_the_two_tower_model_gives_the_same_embeddings_under_each_kind():
+  rng = np.random.default_rng(1)
+  images = jnp.asarray(rng.normal(size=(4, 16, 16, 3)).astype(np.float32))
+  tokens = jnp.asarray(np.concatenate([rng.integers(2, 50, size=(4, 9)), np.full((4, 7), 0)], 1).astype(np.int32))
+  tokens = tokens.at[:, 8].set(1)   # an end-of-text token, then padding
+  out = {}
+  for kind in ("auto",) + CPU_KINDS:
+    module = models.build_two_tower(_tiny_spec(kind), vocab_size=64, eot_id=1, seed=5)
+    graphdef, params = nnx.split(module, nnx.Param)
+    out[kind] = (params, jax.jit(lambda p: (nnx.merge(graphdef, p).encode_image(images),
+                                            nnx.merge(graphdef, p).encode_text(tokens)))(params))
+  ref_params, ref = out["einsum"]
+  for kind, (params, emb) in out.items():
+    # attention has no parameters of its own: the same seed gives the same tree, so checkpoints move between kinds
+    assert jax.tree.structure(params) == jax.tree.structure(ref_params)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(emb, ref):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
+
+
+def test_an_imported_open_clip_checkpoint_gives_the_same_embeddings_under_each_kind(tmp_path):
+  import torch
+  import reference_models as rm
+  from ncjax import pretrained
+  ref = rm.make_open_clip(rm.tiny_open_clip_cfg(True))
+  path = str(tmp_path / "model.pt")
+  torch.save(ref.state_dict(), path)
+  images, tokens = rm.images_and_tokens()
+  with torch.no_grad():
+    ri = rm.normalise(ref.encode_image(rm.torch_nchw(images)).numpy())
+    rt = rm.normalise(ref.encode_text(torch.from_numpy(tokens.astype(np.int64))).numpy())
+  for kind in CPU_KINDS:
+    model, _, _ = pretrained.load_model(f"openai:{path}", attention=kind)
+    np.testing.assert_allclose(np.asarray(model.encode_image(images)), ri, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(np.asarray(model.encode_text(tokens)), rt, atol=1e-4, rtol=0)
+
+
+def test_auto_picks_cudnn_only_where_it_can_run():
+  bf16, f32 = jnp.bfloat16, jnp.float32
+  assert resolve_attention("auto", dtype=bf16, head_dim=64, platform="gpu") == "cudnn"
+  assert resolve_attention("auto", dtype=jnp.float16, head_dim=128, platform="gpu") == "cudnn"
+  assert resolve_attention("auto", dtype=f32, head_dim=64, platform="gpu") == "einsum"      # cuDNN: half only
+  assert resolve_attention("auto", dtype=bf16, head_dim=160, platform="gpu") == "einsum"    # head too large
+  assert resolve_attention("auto", dtype=bf16, head_dim=36, platform="gpu") == "einsum"     # not a multiple of 8
+  assert resolve_attention("auto", dtype=bf16, head_dim=64, platform="tpu") == "einsum"
+  assert resolve_attention("auto", dtype=bf16, head_dim=64, platform="cpu") == "einsum"
+  assert resolve_attention("auto", dtype=bf16, head_dim=64) == "einsum"     # this machine: JAX's CPU backend
+  assert resolve_attention("xla", dtype=f32, head_dim=36, platform="cpu") == "xla"
+  # the model resolves per tower, from its own head size
+  assert models.attention_kinds(_tiny_spec("auto", dtype="bfloat16"), platform="gpu") == {"image": "cudnn",
+                                                                                          "text": "cudnn"}
+  assert models.attention_kinds(_tiny_spec("auto"), platform="gpu") == {"image": "einsum", "text": "einsum"}
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(platform="cpu", dtype=jnp.bfloat16, head_dim=64), "needs an NVIDIA GPU"),
+    (dict(platform="gpu", dtype=jnp.float32, head_dim=64), "model.dtype=bfloat16"),
+    (dict(platform="gpu", dtype=jnp.bfloat16, head_dim=256), "head sizes"),
+])
+def test_cudnn_where_it_cannot_run_is_one_line_naming_why(kwargs, needle):
+  with pytest.raises(errors.ConfigurationError) as e:
+    resolve_attention("cudnn", **kwargs)
+  assert needle in str(e.value) and "model.attention='auto'" in str(e.value) and "\n" not in str(e.value)
+  with pytest.raises(errors.ConfigurationError, match="unknown model.attention 'flash'"):
+    resolve_attention("flash", dtype=jnp.float32, head_dim=64)
+  # on this machine, a model asking for cuDNN is refused when it is built, not deep inside XLA
+  with pytest.raises(errors.ConfigurationError, match="needs an NVIDIA GPU"):
+    models.build_two_tower(_tiny_spec("cudnn", dtype="bfloat16"), vocab_size=64, eot_id=1)
+  assert layers.CUDNN_MAX_HEAD_DIM == 128
