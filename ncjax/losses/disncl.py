@@ -29,6 +29,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from ncjax.losses.contrastive import column_argmax_is_diagonal
 from ncjax.numerics import f32
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -40,7 +41,7 @@ def filtration(similarity) -> jax.Array:
   index wins, so a row of equal scores keeps only its first pair)."""
   s = f32(similarity)
   idx = jnp.arange(s.shape[0])
-  return (jnp.argmax(s, axis=1) == idx) & (jnp.argmax(s, axis=0) == idx)
+  return (jnp.argmax(s, axis=1) == idx) & column_argmax_is_diagonal(s)
 
 
 def _exp_margin(y, base):

@@ -131,3 +131,19 @@ def test_masked_row_sum_diagonal_is_bitwise_jnp_diagonal_and_its_sharded_gradien
     assert f" {op}(" not in hlo, f"{op} in the sharded gradient of diagonal()"
   with pytest.raises(ValueError, match="square"):
     diagonal(jnp.zeros((3, 4)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_column_argmax_hits_equal_argmax_over_columns_ties_included(seed):
+  """The t2i accuracy's column reductions (no gather of per-column candidates on a pod) give argmax's answer,
+  ties resolved to the first row as argmax does."""
+  rng = np.random.default_rng(seed)
+  n, m = 9, 9
+  logits = rng.integers(0, 3, size=(n, m)).astype(np.float32)     # many ties
+  logits[np.arange(n), np.arange(m)] += rng.integers(0, 2, size=n)
+  got = np.asarray(contrastive.column_argmax_is_diagonal(jnp.asarray(logits)))
+  np.testing.assert_array_equal(got, np.argmax(logits, axis=0) == np.arange(m))
+  assert 0 < got.sum() < m     # both outcomes occur, so the comparison above can fail
+  same = np.ones((4, 4), np.float32)    # all tied: only column 0's first maximum is its diagonal
+  np.testing.assert_array_equal(np.asarray(contrastive.column_argmax_is_diagonal(jnp.asarray(same))),
+                                [True, False, False, False])
