@@ -41,11 +41,13 @@ test-unit: $(STAMP)
 test-all: $(STAMP) $(BROWSER_STAMP)
 	$(PY) -m pytest -q -n $(WORKERS) tests
 
+# `make test-all` also installs the `tpu` extra (libtpu, ~680 MB): tests/test_pod_compile.py compiles a step for a TPU
+# v5e slice on this CPU machine.
 # `ncjax audit`'s report is rendered by a headless browser in a slow test (tests/cli/test_audit.py): Chromium's
 # engine from PyPI (Qt for Python's WebEngine, the `browser` extra, ~260 MB of wheels) — no root, no download from
 # elsewhere; a chromium on PATH is used instead when there is one.
 $(BROWSER_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --no-compile -e '.[test,browser]'
+	$(PY) -m pip install --quiet --no-compile -e '.[test,browser,tpu]'
 	touch $(BROWSER_STAMP)
 
 # Fault injection: 20 real runs (NCU two-stage, GSC) SIGKILLed 3 times each, resumed, compared bitwise.

@@ -1,0 +1,512 @@
+"""The train step of a TPU pod, compiled here for its real chips, never executed: per-chip FLOPs, collective bytes,
+HBM and the largest batch that fits — what a v5e-256 or v5p-128 run costs before one is rented.
+
+`python -m benchmarks.pod_compile [--json=FILE] [--note=FILE] [--only=NAME,...] [--quick]`
+
+With libtpu installed (`pip install 'ncjax[tpu]'`, or libtpu into a --target directory on PYTHONPATH; ~680 MB),
+`jax.experimental.topologies.get_topology_desc` describes a TPU slice on a machine that has none, and
+`jax.jit(step).lower(abstract inputs).compile()` runs the TPU compiler for it (MaxText's train_compile.py does the
+same to find out-of-memory configurations). Without libtpu the same code compiles for 8 simulated CPU devices
+(`--cpu`; the figures then describe XLA:CPU, not a TPU).
+
+The step is ncjax's own: the trainer's StageProgram of the method (CLIP's InfoNCE step, NCU's unlearning stage,
+GSC's step with its per-sample labels), built from the method's config with bf16 towers and float32 parameters,
+over a mesh of the slice's chips, from `jax.ShapeDtypeStruct` inputs carrying their shardings. Reported per chip:
+- FLOPs: the compiler's cost analysis of the per-chip program against `benchmarks.flops.train_step_flops` / chips;
+- collective bytes: every all-gather / all-reduce / reduce-scatter / all-to-all / collective-permute of the
+  compiled HLO, each as the bytes a chip receives over a ring of its replica group (all-reduce 2 (g-1)/g of its
+  size, all-gather and reduce-scatter (g-1)/g of the full array, permute its size), against the data-parallel
+  minimum: the float32 gradient all-reduce plus the global loss's gathers of the two embedding matrices (and their
+  gradients' reduce-scatter); with FSDP, plus one bf16 all-gather of the parameters in the forward and one in the
+  backward;
+- memory: XLA's memory analysis (arguments + outputs − aliased + temporaries) against the chip's HBM;
+- the largest per-chip batch that fits, with and without remat (memory is linear in the batch: two compiles fit
+  the line, a third confirms it);
+- a roofline step time: max(FLOPs / the chip's bf16 peak, HBM bytes accessed / its bandwidth) + collective bytes /
+  its ICI bandwidth (no overlap assumed: an upper bound), and the MFU it implies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+import types
+
+GIB = 1024 ** 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """Published per-chip figures (Google Cloud's "TPU v5e" and "TPU v5p" documentation pages, read 2026-11-26):
+  peak bf16 FLOP/s, HBM capacity and bandwidth, and bidirectional inter-chip interconnect (ICI) bandwidth (v5e:
+  400 GB/s; v5p: 4,800 Gbps). Collective time at the full ICI figure is a lower bound (a ring uses every port only
+  when the collective spans the torus)."""
+  name: str
+  bf16_flops: float
+  hbm_bytes: float
+  hbm_bandwidth: float     # bytes/s
+  ici_bandwidth: float     # bytes/s per chip
+
+
+V5E = Chip("TPU v5e", 197e12, 16 * GIB, 819e9, 400e9)
+V5P = Chip("TPU v5p", 459e12, 95 * GIB, 2765e9, 4800e9 / 8)
+
+# The 8 simulated CPU devices of a machine without libtpu (`--quick`): XLA:CPU's program, no TPU figures. Its
+# "peak" is nominal (no roofline is read from it).
+CPU8 = Chip("XLA:CPU (8 simulated devices)", 1e12, 64 * GIB, 50e9, 50e9)
+
+# slice name -> (topology name for get_topology_desc, chip, chips)
+SLICES = {"v5e256": ("v5e:16x16", V5E, 256), "v5p128": ("v5p:4x4x8", V5P, 128), "v5e4": ("v5e:2x2", V5E, 4),
+          "cpu8": ("", CPU8, 8)}
+
+
+def has_libtpu() -> bool:
+  import importlib.util
+  return importlib.util.find_spec("libtpu") is not None
+
+# model name -> (config file, model size, config arguments, method for the analytic count, stage)
+MODELS = {
+    "clip_vit_b16": ("clip", "ViT-B/16", "noise=0", "clip", "train"),
+    "clip_vit_l14": ("clip", "ViT-L/14", "noise=0", "clip", "train"),
+    "ncu_vit_b16": ("ncu", "ViT-B/16", "noise=0,setting=paper,init=random", "ncu", "unlearn"),
+    "gsc_vit_b16": ("gsc", "ViT-B/16", "noise=0", "gsc", "train"),
+    "clip_micro": ("clip", "micro", "noise=0", "clip", "train"),
+}
+GLOBAL_BATCH = 32768
+STEPS_PER_EPOCH = 100      # the dataset: 100 global batches (GSC's per-sample labels are sized by it)
+
+
+def topology_devices(slice_name: str):
+  """The devices of a TPU slice described without TPUs (libtpu's topology), or the 8 simulated CPU devices."""
+  import jax
+  name, _, chips = SLICES[slice_name]
+  if not name:
+    devices = jax.devices("cpu")
+    if len(devices) < chips:
+      raise SystemExit(f"the cpu8 slice needs {chips} simulated CPU devices; this process has {len(devices)}")
+    return devices[:chips]
+  if not has_libtpu():
+    raise SystemExit(f"compiling for {name} needs libtpu: pip install 'ncjax[tpu]' (~680 MB), or run --quick "
+                     f"without it (8 simulated CPU devices)")
+  from jax.experimental import topologies
+  return topologies.get_topology_desc(platform="tpu", topology_name=name).devices
+
+
+def _config(model: str, global_batch: int, *, remat: bool, fsdp: int):
+  from ncjax.config_lib import load_config_file
+  config_name, size, arg, _, _ = MODELS[model]
+  cfg = load_config_file(config_name, f"model={size},data=synthetic,batch={global_batch},epochs=1,{arg}")
+  with cfg.unlocked():
+    cfg.model.dtype = "bfloat16"
+    cfg.model.remat = remat
+    cfg.model.attention = "einsum"
+    cfg.mesh.data, cfg.mesh.fsdp = -1, fsdp
+  return cfg
+
+
+def build_step(model: str, devices, global_batch: int, *, remat: bool = False, fsdp: int = 1):
+  """(jitted step, abstract state, abstract batch, mesh, method) of the model's training stage over `devices`."""
+  import jax
+  import jax.numpy as jnp
+  from ncjax import experiment
+  from ncjax import sharding as shard_lib
+  from ncjax.data.noise import batch_transform
+  from ncjax.train.program import StageProgram
+  from ncjax.train.schedule import stage_spans
+  cfg = _config(model, global_batch, remat=remat, fsdp=fsdp)
+  resolved = experiment.resolve(cfg)
+  mesh = shard_lib.make_mesh(resolved.config.mesh, devices)
+  if global_batch % mesh.devices.size:
+    raise ValueError(f"global batch {global_batch} is not divisible by the {mesh.devices.size} chips")
+  tokenizer = resolved.tokenizer.build(["a photo of a cat", "a dog"])
+  num_examples = global_batch * STEPS_PER_EPOCH
+  method = resolved.method(tokenizer=tokenizer, num_examples=num_examples)
+  data = types.SimpleNamespace(steps_per_epoch=STEPS_PER_EPOCH, num_examples=num_examples)
+  exp = experiment.Experiment(resolved.config, resolved, mesh, tokenizer, data, method, None,
+                              batch_transform(resolved.noise))
+  abstract_params = method.abstract_params()
+  param_sh = shard_lib.param_shardings(abstract_params, mesh)
+  capacity = shard_lib.state_capacity(num_examples, mesh)
+  import functools
+  ms_abstract = jax.eval_shape(functools.partial(method.init_state, capacity))
+  ms_sh = shard_lib.state_shardings(ms_abstract, mesh, capacity)
+  stage = MODELS[model][4]
+  span = next(s for s in stage_spans(method.stages(), STEPS_PER_EPOCH) if s.stage.name == stage)
+  prog = StageProgram(exp, span, abstract_params, param_sh, ms_abstract, ms_sh)
+  spec = resolved.model
+  batch_sh = shard_lib.batch_sharding(mesh)
+  size, length = spec.image_size, spec.context_length
+  sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sh)
+  batch = dict(image=sds((global_batch, size, size, 3), jnp.float32), tokens=sds((global_batch, length), jnp.int32),
+               id=sds((global_batch,), jnp.int32), clean=sds((global_batch,), jnp.bool_))
+  return prog, batch, mesh, method, abstract_params
+
+
+def compile_step(model: str, devices, global_batch: int, *, remat: bool = False, fsdp: int = 1):
+  import jax
+  prog, batch, mesh, method, abstract_params = build_step(model, devices, global_batch, remat=remat, fsdp=fsdp)
+  t = time.perf_counter()
+  with jax.set_mesh(mesh):
+    compiled = prog.step.lower(prog.abstract_state, batch).compile()
+  return compiled, time.perf_counter() - t, abstract_params, mesh
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Collectives of a compiled program
+
+_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1, "f64": 8, "s64": 8,
+          "u64": 8, "s16": 2, "u16": 2, "f8e4m3fn": 1, "f8e5m2": 1}
+_SHAPE = re.compile(r"\b(f32|bf16|f16|s32|u32|pred|s8|u8|f64|s64|u64|s16|u16)\[([\d,]*)\]")
+_COLLECTIVE = re.compile(r"=\s*(.*?)\s(all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)"
+                         r"(-start)?\(")
+
+
+def _shape_bytes(text: str) -> list[int]:
+  out = []
+  for dtype, dims in _SHAPE.findall(text):
+    n = 1
+    for d in filter(None, dims.split(",")):
+      n *= int(d)
+    out.append(n * _BYTES[dtype])
+  return out
+
+
+def _group_size(line: str, default: int) -> int:
+  m = re.search(r"replica_groups=\[(\d+),(\d+)\]", line)     # iota form [groups, size]<=[...]
+  if m:
+    return int(m.group(2))
+  m = re.search(r"replica_groups=\{\{([\d,]+)\}", line)
+  if m:
+    return len(m.group(1).split(","))
+  return default
+
+
+def collectives(hlo: str, chips: int) -> list[dict]:
+  """Every collective of an optimised HLO module (async ones counted at their start), with its result type, replica
+  group size and the bytes one chip receives for it over a ring.
+
+  One collective can appear many times in the text: the TPU compiler's async collective fusion threads a collective
+  through the compute fusions that run while it is in flight (the CLIP step's all-gather of the text embeddings is
+  copied into 111 fusions of the image tower's forward, each advancing the transfer: the same instruction, channel
+  and chain, its partial result passed from fusion to fusion). Copies are merged by channel id; `pieces` counts
+  them. Collectives inside a while loop's body are marked `in_loop` (they run once per iteration)."""
+  by_channel: dict[str, dict] = {}
+  out = []
+  computation = ""
+  loop_bodies = set(re.findall(r"body=(%?[\w.\-]+)", hlo))
+  for line in hlo.splitlines():
+    head = re.match(r"^\s*(?:ENTRY\s+)?(%?[\w.\-]+)\s.*\{\s*$", line)
+    if head and "=" not in line.split("(")[0]:
+      computation = head.group(1)
+    m = _COLLECTIVE.search(line)
+    if not m:
+      continue
+    result_type, kind, started = m.group(1), m.group(2), bool(m.group(3))
+    sizes = _shape_bytes(result_type)
+    if not sizes:
+      continue
+    g = _group_size(line, chips)
+    if kind == "all-gather":
+      full = sizes[-1] if started else sum(sizes)      # async: (operand, result) tuple; the result is gathered
+      moved = full * (g - 1) / g
+    elif kind == "all-reduce":
+      full = sum(sizes)
+      moved = 2 * full * (g - 1) / g
+    elif kind == "reduce-scatter":
+      full = (sizes[-1] if started else sum(sizes)) * g
+      moved = full * (g - 1) / g
+    elif kind == "all-to-all":
+      full = sum(sizes)
+      moved = full * (g - 1) / g
+    else:
+      full = sizes[-1] if started else sum(sizes)
+      moved = full
+    channel = re.search(r"channel_id=(\d+)", line)
+    key = f"{kind}:{channel.group(1)}" if channel else f"{kind}:{line.split('=')[0].strip()}"
+    if key in by_channel:
+      by_channel[key]["pieces"] += 1
+      continue
+    op = re.search(r'op_name="([^"]*)"', line)
+    entry = dict(kind=kind, name=line.split("=")[0].strip(), type=result_type.strip()[:120], group=g, bytes=full,
+                 moved=moved, computation=computation, in_loop=computation in loop_bodies, pieces=1,
+                 op_name=op.group(1) if op else "")
+    by_channel[key] = entry
+    out.append(entry)
+  return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Minimum traffic and the measurement of one configuration
+
+def gradient_bytes(abstract_params, compute_bytes: int = 2) -> float:
+  """Bytes of one copy of the gradients as the step produces them before their reduction: a parameter the towers
+  use in the compute dtype (dense and conv kernels, their biases, the projections) gets its gradient in that dtype
+  — the weight-gradient product's output, which XLA reduces across chips before widening it — the rest (norms,
+  embeddings, position tables, the logit scale) in float32."""
+  import jax
+  total = 0.0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_params)[0]:
+    keys = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    name, parent = keys[-1], (keys[-2] if len(keys) > 1 else "")
+    in_compute = name in ("kernel", "proj") or (name == "bias" and not parent.startswith("ln"))
+    total += leaf.size * (compute_bytes if in_compute else 4)
+  return total
+
+
+def minimum_collective_bytes(abstract_params, *, chips: int, fsdp: int, global_batch: int, embed_dim: int) -> dict:
+  """The bytes a chip must receive per step in a data-parallel (x FSDP) step, over rings: the gradient reduction
+  (an all-reduce over every chip: 2 (n-1)/n of the gradients; with FSDP a reduce-scatter over the fsdp axis and an
+  all-reduce of the shards over the data axis), the global loss's one gather of an N x D embedding matrix (bf16)
+  and the reduce-scatter of its float32 gradient — a loss whose rows stay split needs no more (the other
+  direction's softmax reduces columns: N numbers) — and with FSDP the parameters gathered in the forward and again
+  in the backward (bf16)."""
+  n, f = chips, fsdp
+  d = n // f
+  g = gradient_bytes(abstract_params)
+  if f == 1:
+    grads = 2 * (n - 1) / n * g
+    params = 0.0
+  else:
+    grads = (f - 1) / f * g + 2 * (d - 1) / d * g / f
+    import jax
+    p_bf16 = sum(leaf.size * 2 for leaf in jax.tree.leaves(abstract_params))
+    params = 2 * (f - 1) / f * p_bf16
+  emb = global_batch * embed_dim
+  loss = (n - 1) / n * (emb * 2 + emb * 4)
+  return dict(gradients=grads, loss=loss, parameters=params, total=grads + loss + params)
+
+
+def _oom(error: Exception) -> bool:
+  text = str(error)
+  return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text or "out of memory" in text.lower()
+
+
+def measure(model: str, slice_name: str, mesh_kind: str, batch_per_chip: int, *, remat: bool = False,
+            devices=None) -> dict:
+  """Compile one configuration and read its program: the record `--json` keeps per configuration."""
+  import jax
+  from benchmarks import flops as flops_lib
+  _, chip, chips = SLICES[slice_name]
+  devices = topology_devices(slice_name) if devices is None else devices
+  fsdp = FSDP[slice_name] if mesh_kind == "fsdp" else 1
+  global_batch = batch_per_chip * chips
+  record = dict(model=model, slice=slice_name, mesh=mesh_kind, chips=chips, fsdp=fsdp, batch_per_chip=batch_per_chip,
+                global_batch=global_batch, remat=remat, chip=chip.name, hbm_capacity=chip.hbm_bytes)
+  prog, batch, mesh, method, abstract_params = build_step(model, devices, global_batch, remat=remat, fsdp=fsdp)
+  record["params"] = int(sum(leaf.size for leaf in jax.tree.leaves(abstract_params)))
+  spec = method.setup.model
+  t = time.perf_counter()
+  try:
+    with jax.set_mesh(mesh):
+      compiled = prog.step.lower(prog.abstract_state, batch).compile()
+  except Exception as e:    # the TPU compiler refuses a program that does not fit its HBM
+    if not _oom(e):
+      raise
+    record.update(fits=False, compile_seconds=time.perf_counter() - t, error=str(e).splitlines()[0][:300])
+    return record
+  record["compile_seconds"] = time.perf_counter() - t
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  mem = compiled.memory_analysis()
+  peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes + mem.temp_size_in_bytes
+          + mem.generated_code_size_in_bytes)
+  method_name = MODELS[model][3]
+  analytic = flops_lib.train_step_flops(spec, global_batch, method=method_name, remat=remat) / chips
+  hlo = compiled.as_text()
+  cols = collectives(hlo, chips)
+  minimum = minimum_collective_bytes(abstract_params, chips=chips, fsdp=fsdp, global_batch=global_batch,
+                                     embed_dim=int(spec.towers["embed_dim"]))
+  record.update(
+      fits=True, flops_compiled=float(cost.get("flops", 0.0)), flops_analytic=analytic,
+      transcendentals=float(cost.get("transcendentals", 0.0)), hbm_bytes=float(cost.get("bytes accessed", 0.0)),
+      peak_bytes=int(peak), argument_bytes=int(mem.argument_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes),
+      output_bytes=int(mem.output_size_in_bytes), alias_bytes=int(mem.alias_size_in_bytes),
+      code_bytes=int(mem.generated_code_size_in_bytes),
+      collective_bytes=float(sum(c["moved"] for c in cols)), collective_bytes_min=minimum["total"],
+      collective_min_parts=minimum, collectives=[{k: c[k] for k in ("kind", "type", "group", "bytes", "moved",
+                                                                      "pieces", "in_loop", "op_name")}
+                                                 for c in sorted(cols, key=lambda c: -c["moved"])],
+      while_loops=len(re.findall(r"\bwhile\(", hlo)))
+  record.update(roofline(record, chip))
+  return record
+
+
+def roofline(record: dict, chip: Chip) -> dict:
+  """A step time from the chip's published rates: compute at the bf16 peak for the compiled FLOPs, HBM traffic at
+  its bandwidth for XLA's bytes-accessed estimate (which counts every fusion's operands and results), collectives
+  at the ICI bandwidth. `step_seconds`: max(compute, HBM) + collectives (no overlap of communication: an upper
+  bound where the estimate is right); `mfu`: the analytic model FLOPs over that time at the peak."""
+  compute = record["flops_compiled"] / chip.bf16_flops
+  hbm = record["hbm_bytes"] / chip.hbm_bandwidth
+  ici = record["collective_bytes"] / chip.ici_bandwidth
+  step = max(compute, hbm) + ici
+  return dict(seconds_compute=compute, seconds_hbm=hbm, seconds_ici=ici, step_seconds=step,
+              mfu=record["flops_analytic"] / chip.bf16_flops / step,
+              mfu_compute_bound=record["flops_analytic"] / chip.bf16_flops / (compute + ici))
+
+
+FSDP = {"v5e256": 16, "v5p128": 8, "v5e4": 2, "cpu8": 2}
+
+
+def config_name(model: str, slice_name: str, mesh_kind: str, batch_per_chip: int | None = None,
+                remat: bool = False) -> str:
+  name = f"{model}_{slice_name}_{mesh_kind}"
+  if batch_per_chip is not None:
+    name += f"_b{batch_per_chip}"
+  return name + ("_remat" if remat else "")
+
+
+def largest_batch(model: str, slice_name: str, *, remat: bool, run, anchors=(64, 128, 256)) -> dict:
+  """The largest per-chip batch the compiler accepts, data-parallel. Peak memory is a + s b + q b^2 in the per-chip
+  batch b (the rows of the loss's logits against the global batch grow as b x chips b): fitted through the anchors
+  that compile (halving below them until three do), the prediction, a multiple of 8, is compiled, then the interval
+  between the largest accepted and the smallest refused batch is halved until they are 8 apart (or 5 tries)."""
+  import numpy as np
+  _, chip, _ = SLICES[slice_name]
+  fitted, refused = {}, set()
+
+  def attempt(b):
+    r = run(model, slice_name, "data", b, remat)
+    if r.get("fits"):
+      fitted[b] = r["peak_bytes"]
+    else:
+      refused.add(b)
+
+  for b in anchors:
+    attempt(b)
+  b = min(anchors)
+  while len(fitted) < 3 and b > 8:
+    b //= 2
+    attempt(b)
+  if len(fitted) < 2:
+    return dict(max_batch=max(fitted) if fitted else None, note="too few batches compile to fit a line")
+  bs = np.array(sorted(fitted), float)
+  ys = np.array([fitted[int(b)] for b in bs], float)
+  coef = np.polyfit(bs, ys, 2 if len(bs) >= 3 else 1)
+  q, s, a = (coef if len(coef) == 3 else (0.0, *coef))
+  budget = chip.hbm_bytes
+  predicted = ((-s + math.sqrt(s * s - 4 * q * (a - budget))) / (2 * q) if q > 0 else (budget - a) / s)
+  guess = predicted
+  for _ in range(5):
+    lo = max(fitted)
+    hi = min((b for b in refused if b > lo), default=None)
+    if hi is not None and hi - lo <= 8:
+      break
+    g = int(guess) // 8 * 8
+    if g <= lo:
+      g = lo + 8
+    if hi is not None and g >= hi:
+      g = (lo + hi) // 2 // 8 * 8
+      if g <= lo:
+        break
+    attempt(g)
+    lo = max(fitted)
+    hi = min((b for b in refused if b > lo), default=None)
+    guess = (lo + hi) / 2 if hi is not None else lo + max(8, 0.25 * lo)
+  lo = max(fitted)
+  hi = min((b for b in refused if b > lo), default=None)
+  return dict(max_batch=lo, refused_above=hi, predicted=predicted, fit=[a, s, q],
+              tried=sorted([(b, True) for b in fitted] + [(b, False) for b in refused]))
+
+
+# the configurations of the report, in the order they run
+# (model, slice, mesh, remat): ViT-L/14 at 128 pairs per chip needs 27.6 GiB of temporaries without remat, more
+# than a v5e chip has, so its v5e rows are remat's too.
+MAIN = [("clip_vit_b16", "v5e256", "data", False), ("clip_vit_b16", "v5p128", "data", False),
+        ("clip_vit_l14", "v5e256", "data", False), ("clip_vit_l14", "v5e256", "data", True),
+        ("clip_vit_l14", "v5p128", "data", False),
+        ("ncu_vit_b16", "v5e256", "data", False), ("ncu_vit_b16", "v5p128", "data", False),
+        ("gsc_vit_b16", "v5e256", "data", False), ("gsc_vit_b16", "v5p128", "data", False),
+        ("clip_vit_b16", "v5e256", "fsdp", False), ("clip_vit_b16", "v5p128", "fsdp", False),
+        ("clip_vit_l14", "v5e256", "fsdp", True), ("clip_vit_l14", "v5p128", "fsdp", False)]
+SEARCH = [("clip_vit_b16", "v5e256"), ("clip_vit_b16", "v5p128"), ("clip_vit_l14", "v5e256"), ("clip_vit_l14", "v5p128")]
+LATE = [("ncu_vit_b16", "v5e256", "fsdp", False), ("ncu_vit_b16", "v5p128", "fsdp", False),
+        ("gsc_vit_b16", "v5e256", "fsdp", False), ("gsc_vit_b16", "v5p128", "fsdp", False)]
+
+
+def run_all(json_path: str, *, only: set | None = None, search: bool = True, quick: bool = False) -> dict:
+  """Every configuration (skipping those already in `json_path`, so an interrupted run continues), written after
+  each compile."""
+  results = {}
+  if os.path.exists(json_path):
+    with open(json_path) as f:
+      results = json.load(f)
+  devices = {}
+
+  def save():
+    tmp = json_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(results, f, indent=1)
+    os.replace(tmp, json_path)
+
+  def run(model, slice_name, mesh_kind, batch_per_chip, remat):
+    key = config_name(model, slice_name, mesh_kind, batch_per_chip, remat)
+    if key not in results:
+      if slice_name not in devices:
+        devices[slice_name] = topology_devices(slice_name)
+      print(f"[pod_compile] {key} ...", flush=True)
+      results[key] = measure(model, slice_name, mesh_kind, batch_per_chip, remat=remat, devices=devices[slice_name])
+      r = results[key]
+      print(f"[pod_compile] {key}: {r.get('compile_seconds', 0):.0f} s, fits={r.get('fits')}, "
+            f"peak {r.get('peak_bytes', 0) / GIB:.2f} GiB", flush=True)
+      save()
+    return results[key]
+
+  wanted = lambda name: only is None or name in only
+
+  def main_rows(configs):
+    for model, slice_name, mesh_kind, remat in configs:
+      name = config_name(model, slice_name, mesh_kind, remat=remat)
+      if not wanted(name):
+        continue
+      per_chip = GLOBAL_BATCH // SLICES[slice_name][2] if not quick else 8
+      r = run(model, slice_name, mesh_kind, per_chip, remat)
+      results[name] = dict(r, name=name)
+      save()
+
+  if quick:
+    main_rows([("clip_micro", "v5e4" if has_libtpu() else "cpu8", "data", False)])
+    return results
+  main_rows(MAIN)
+  if search:
+    for model, slice_name in SEARCH:
+      name = config_name(model, slice_name, "data")
+      if not wanted(name) or f"{name}_max_batch" in results:
+        continue
+      results[f"{name}_max_batch"] = {str(remat): largest_batch(model, slice_name, remat=remat, run=run)
+                                      for remat in (False, True)}
+      save()
+  main_rows(LATE)
+  return results
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--json", default="bench_results/pod_compile.json")
+  parser.add_argument("--note", default="", help="write the markdown report here (docs/notes/pod_compile_tpu.md)")
+  parser.add_argument("--only", default="", help="comma-separated configuration names (default: all)")
+  parser.add_argument("--no_search", action="store_true", help="skip the largest-batch search")
+  parser.add_argument("--quick", action="store_true", help="a micro model on v5e:2x2 (the test's path)")
+  parser.add_argument("--hlo", default="", help="write the compiled HLO of one configuration (--only=NAME)")
+  args = parser.parse_args(argv)
+  from ncjax import runtime
+  runtime.configure_cpu_devices(8)    # the cpu8 slice (--quick without libtpu); TPU topologies need no devices
+  os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+  only = set(filter(None, args.only.split(","))) or None
+  results = run_all(args.json, only=only, search=not args.no_search, quick=args.quick)
+  if args.note:
+    from benchmarks import pod_report
+    with open(args.note, "w") as f:
+      f.write(pod_report.markdown(results))
+  print(f"[pod_compile] {len(results)} records in {args.json}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

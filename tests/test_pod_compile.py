@@ -1,0 +1,138 @@
+"""benchmarks/pod_compile.py: the reading of a compiled program (collectives merged across the TPU compiler's async
+collective fusions, bytes over rings, the data-parallel minimum) on hand-written HLO, and the whole path — the
+trainer's real step built over a mesh, compiled from abstract inputs, never run — on the simulated CPU devices here
+and (`make test-all`, with libtpu: the `tpu` extra) for a v5e:2x2 TPU slice."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from benchmarks import pod_compile as pc
+from helpers import ROOT
+
+# The shape of the TPU compiler's text: one all-gather (channel 1, chain 0) copied into the fusions that carry it
+# while the image tower computes, an async all-reduce over the whole slice, a reduce-scatter over groups of 4, and
+# an all-reduce inside a while loop's body.
+HLO = """
+HloModule jit__step
+
+%fused_computation.1 (param_0.1: bf16[128,512]) -> (bf16[128,512], bf16[32768,512], s32[2]) {
+  %param_0.1 = bf16[128,512]{1,0} parameter(0)
+  %all-gather.21 = bf16[32768,512]{1,0:T(8,128)(2,1)} all-gather(%param_0.1), channel_id=1, replica_groups=mesh['axis_0'=256,'axis_1'=1] {'axis_0'}, dimensions={0}, frontend_attributes={chain_id="0"}, metadata={op_name="jit(_step)/jvp()/dot_general"}
+  ROOT %tuple.1 = (bf16[128,512], bf16[32768,512], s32[2]) tuple(%param_0.1, %all-gather.21, %c)
+}
+
+%async_collective_fusion.2 (param_0.2: bf16[128,512], param_1.2: bf16[32768,512]) -> (bf16[128,512], bf16[32768,512]) {
+  %all-gather.23 = bf16[32768,512]{1,0:T(8,128)(2,1)S(1)} all-gather(%param_0.2), channel_id=1, replica_groups=mesh['axis_0'=256,'axis_1'=1] {'axis_0'}, dimensions={0}, frontend_attributes={chain_id="0"}, metadata={op_name="jit(_step)/jvp()/dot_general"}
+  ROOT %tuple.2 = (bf16[128,512], bf16[32768,512]) tuple(%param_0.2, %all-gather.23)
+}
+
+%async_collective_fusion.3 (param_0.3: bf16[128,512], param_1.3: bf16[32768,512]) -> (bf16[128,512], bf16[32768,512]) {
+  %all-gather.25 = bf16[32768,512]{1,0:T(8,128)(2,1)S(1)} all-gather(%param_0.3), channel_id=1, replica_groups=mesh['axis_0'=256,'axis_1'=1] {'axis_0'}, dimensions={0}, frontend_attributes={chain_id="0"}, metadata={op_name="jit(_step)/jvp()/dot_general"}
+  ROOT %tuple.3 = (bf16[128,512], bf16[32768,512]) tuple(%param_0.3, %all-gather.25)
+}
+
+%body.7 (p: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %ar.9 = f32[1024]{0} all-reduce(%x), channel_id=9, replica_groups=[1,256]<=[256], to_apply=%add
+  ROOT %t = (s32[], f32[1024]) tuple(%i, %ar.9)
+}
+
+ENTRY %main.1 (param: f32[128,512]) -> f32[] {
+  %all-reduce-start.4 = (bf16[768,512]{1,0}, f32[768]{0}) all-reduce-start(%g0, %g1), channel_id=4, replica_groups=[1,256]<=[256], to_apply=%add, metadata={op_name="jit(_step)/transpose(jvp())/dot_general"}
+  %all-reduce-done.4 = (bf16[768,512]{1,0}, f32[768]{0}) all-reduce-done(%all-reduce-start.4)
+  %reduce-scatter.5 = f32[256,512]{1,0} reduce-scatter(%g2), channel_id=5, replica_groups=[64,4]<=[256], dimensions={0}, to_apply=%add
+  %while.8 = (s32[], f32[1024]) while(%init), condition=%cond.7, body=%body.7
+  ROOT %r = f32[] constant(0)
+}
+"""
+
+
+def test_collectives_are_merged_by_channel_and_counted_over_rings():
+  by_channel = {c["name"]: c for c in pc.collectives(HLO, 256)}
+  assert len(by_channel) == 4                # one gather in three places, the async all-reduce once, the loop's
+  gather = next(c for c in by_channel.values() if c["kind"] == "all-gather")
+  assert gather["pieces"] == 3 and gather["bytes"] == 32768 * 512 * 2
+  assert gather["moved"] == pytest.approx(32768 * 512 * 2 * 255 / 256)
+  start = next(c for c in by_channel.values() if c["kind"] == "all-reduce" and not c["in_loop"])
+  assert start["bytes"] == 768 * 512 * 2 + 768 * 4 and start["moved"] == pytest.approx(2 * start["bytes"] * 255 / 256)
+  scatter = next(c for c in by_channel.values() if c["kind"] == "reduce-scatter")
+  assert scatter["group"] == 4 and scatter["bytes"] == 256 * 512 * 4 * 4
+  assert scatter["moved"] == pytest.approx(256 * 512 * 4 * 3)
+  looped = next(c for c in by_channel.values() if c["in_loop"])
+  assert looped["kind"] == "all-reduce" and looped["bytes"] == 4096
+
+
+def test_the_minimum_counts_gradients_in_the_dtype_they_are_reduced_in():
+  params = {"img": {"block_0": {"attn": {"qkv": {"kernel": jax.ShapeDtypeStruct((8, 24), jnp.float32),
+                                                 "bias": jax.ShapeDtypeStruct((24,), jnp.float32)}},
+                                "ln_1": {"scale": jax.ShapeDtypeStruct((8,), jnp.float32),
+                                         "bias": jax.ShapeDtypeStruct((8,), jnp.float32)}},
+                    "proj": jax.ShapeDtypeStruct((8, 4), jnp.float32)},
+            "logit_scale": jax.ShapeDtypeStruct((), jnp.float32)}
+  assert pc.gradient_bytes(params) == (8 * 24 + 24 + 8 * 4) * 2 + (8 + 8 + 1) * 4
+  m = pc.minimum_collective_bytes(params, chips=4, fsdp=1, global_batch=16, embed_dim=4)
+  g = pc.gradient_bytes(params)
+  assert m["gradients"] == pytest.approx(2 * 3 / 4 * g) and m["parameters"] == 0
+  assert m["loss"] == pytest.approx(3 / 4 * 16 * 4 * (2 + 4))
+  f = pc.minimum_collective_bytes(params, chips=4, fsdp=2, global_batch=16, embed_dim=4)
+  assert f["gradients"] == pytest.approx(g / 2 + 2 * (1 / 2) * g / 2)       # reduce-scatter(2), all-reduce(2) of halves
+  assert f["parameters"] == pytest.approx(2 * (1 / 2) * (8 * 24 + 24 + 16 + 32 + 1) * 2)
+
+
+def test_the_real_step_compiles_from_abstract_inputs_on_simulated_devices(tmp_path):
+  """--quick without libtpu: the trainer's CLIP step over 8 simulated CPU devices, lowered from ShapeDtypeStructs
+  and compiled, never run; the record has what --json promises."""
+  record = pc.measure("clip_micro", "cpu8", "data", 8, devices=jax.devices("cpu"))
+  for key in ("flops_compiled", "flops_analytic", "collective_bytes", "collective_bytes_min", "peak_bytes",
+              "hbm_bytes", "params", "chips", "batch_per_chip", "remat"):
+    assert key in record, key
+  assert record["chips"] == 8 and record["global_batch"] == 64 and record["fits"]
+  # the compiler's count is the analytic one plus element-wise work (large at this toy size, ~13%)
+  assert 1.0 < record["flops_compiled"] / record["flops_analytic"] < 1.3
+  kinds = {c["kind"] for c in record["collectives"]}
+  assert "all-reduce" in kinds     # the gradients
+  # the t2i accuracy reduces columns (max, first row at the max) instead of gathering per-column argmax candidates
+  assert not any(c["kind"] == "all-gather" and c["type"].startswith("s32") for c in record["collectives"])
+  assert 1e5 < record["params"] < 2e5      # micro: both towers, 64 wide, one block each
+
+
+@pytest.mark.slow
+def test_a_micro_step_compiles_for_a_tpu_v5e_slice(tmp_path):
+  """The TPU path (libtpu, installed by `make test-all` as the `tpu` extra): the micro model's step for v5e:2x2,
+  compiled by the TPU compiler on this CPU machine."""
+  out = tmp_path / "pc.json"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-m", "benchmarks.pod_compile", "--quick", f"--json={out}"], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  record = json.loads(out.read_text())["clip_micro_v5e4_data"]
+  assert record["chip"] == "TPU v5e" and record["chips"] == 4 and record["fits"]
+  assert 1.0 < record["flops_compiled"] / record["flops_analytic"] < 1.5
+  assert record["collective_bytes"] > 0 and np.isfinite(record["mfu"])
+
+
+@pytest.mark.parametrize("a,s,q,capacity_gib", [(2e9, 9e7, 0.0, 16), (3e9, 6e7, 2e4, 16), (1e9, 4e8, 1e5, 95)])
+def test_the_largest_batch_search_finds_the_last_multiple_of_8_the_compiler_accepts(a, s, q, capacity_gib,
+                                                                                    monkeypatch):
+  """Against a compiler whose memory is a + s b + q b^2 and which refuses what exceeds the chip: the search
+  returns the largest multiple of 8 that fits, in few compiles."""
+  chip = pc.Chip("test chip", 1e12, capacity_gib * pc.GIB, 1e11, 1e11)
+  monkeypatch.setitem(pc.SLICES, "test", ("", chip, 16))
+  calls = []
+
+  def run(model, slice_name, mesh, b, remat):
+    calls.append(b)
+    peak = a + s * b + q * b * b
+    return dict(fits=True, peak_bytes=peak) if peak <= chip.hbm_bytes else dict(fits=False)
+
+  out = pc.largest_batch("m", "test", remat=False, run=run)
+  fits = [b for b in range(8, 4096, 8) if a + s * b + q * b * b <= chip.hbm_bytes]
+  assert out["max_batch"] == max(fits)
+  assert out["refused_above"] == max(fits) + 8     # bracketed: the next multiple of 8 was compiled and refused
+  assert len(set(calls)) <= 9
