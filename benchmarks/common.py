@@ -100,7 +100,8 @@ def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
 
 
 def train_step_seconds(cfg, steps: int = 2) -> float:
-  """Median wall time of the trainer's jitted step of the first stage (compile excluded) under `cfg`."""
+  """Median wall time of the trainer's jitted step of the first stage with steps (compile excluded) under `cfg`
+  (NCU with epochs_prompt=0 lists its empty prompt stage first: its unlearning step is the one timed)."""
   import tempfile
   from ncjax import train
   with cfg.unlocked():
@@ -109,11 +110,11 @@ def train_step_seconds(cfg, steps: int = 2) -> float:
     cfg.evals = {}
   with tempfile.TemporaryDirectory() as workdir:
     trainer = train.Trainer(cfg, workdir)
-    span = trainer.spans[0]
+    span = next(s for s in trainer.spans if s.steps > 0)
     state = trainer.init_state(span)
     prog = trainer.program(span)
     times = []
-    batches = trainer.exp.train_data.batches(0, steps + 1)
+    batches = trainer.exp.train_data.batches(span.start, span.start + steps + 1)
     for s in range(steps + 1):
       b, _, _ = next(batches)
       t = time.perf_counter()

@@ -1,0 +1,158 @@
+"""What the accelerator check's processes share, importing neither JAX nor torch: the rows file, the deadline, the
+time estimates that decide whether a measurement still fits, and the NCU loss's inputs.
+
+Every worker process appends its rows to one JSON-lines file as each measurement finishes, so a worker stopped at
+the time limit (or crashing on the device) keeps what it measured; `bench.py` reads the file back and makes the
+table. A worker must not import the other framework: JAX takes most of the GPU's memory when it starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+
+import numpy as np
+
+ROWS_FILE = "rows.jsonl"
+NOT_RUN_TIME = "not run (time)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The sizes of one run. Batches are per GPU (the global batch is that times the devices)."""
+  model: str                    # ncjax size name of sections a, d, e
+  batches: tuple[int, ...]      # sections a and b (and the two points of d's memory line)
+  methods_batch: int            # section e
+  ncu_sizes: tuple[int, ...]    # section c's N
+  ncu_check: int                # the N where ncjax's loss value is checked against the public loop's
+  matmul: int                   # the side of the bf16 matmul that measures the card's rate
+  steps: int                    # timed steps per round, rounds, warm-up steps
+  rounds: int
+  warmup: int
+  compile_threads: int          # XLA compiles run concurrently (each compile is mostly single-threaded)
+  methods: tuple[str, ...] | None = None   # section e's methods (benchmarks/steps.py's names); None: all
+
+
+GPU_PLAN = Plan(model="ViT-B/16", batches=(256, 512), methods_batch=256, ncu_sizes=(2048, 8192, 32768),
+                ncu_check=2048, matmul=8192, steps=5, rounds=3, warmup=2, compile_threads=8)
+# The smoke run's section e keeps the methods whose steps differ most from CLIP's (two stages with an empty first,
+# Lorentz geometry with N + N forget / retain batches): every compile costs seconds on two cores.
+SMOKE_PLAN = Plan(model="micro", batches=(8, 16), methods_batch=16, ncu_sizes=(64, 128), ncu_check=64, matmul=256,
+                  steps=2, rounds=2, warmup=1, compile_threads=2, methods=("CLIP", "NCU (stage 2)", "HAC-reg"))
+
+# Seconds a measurement is expected to take on the GPU host (H100-class card, 16 cores), before it is started: a
+# measurement whose estimate would pass the deadline is recorded as not run instead. From the first runs' logs of
+# this check; the JSON records what each phase really took (`seconds` in the rows' extras), to correct them.
+GPU_ESTIMATES_S = {
+    "start": 15,                 # a worker process: imports, backend, the first trainer
+    "vit_compile_round": 75,     # ViT-B/16 train steps compiled concurrently (one round, up to 8 programs)
+    "vit_init": 15,              # a ViT-B/16 train state initialised (its programs compiled)
+    "vit_timing": 8,             # warm-up and timed steps of one configuration
+    "openclip_eager": 20,        # open_clip eager: model, optimiser, warm-up and timed steps at one batch
+    "openclip_compile": 120,     # torch.compile of the open_clip step at one batch, then its timing
+    "ncu_torch": 25,             # the public loop at one N (largest N; smaller ones take a fraction)
+    "ncu_jax": 15,               # ncjax's loss at one N, compile included
+}
+# The CPU smoke run's sizes take seconds; it only needs the estimates to be small.
+SMOKE_ESTIMATE_S = 1.0
+
+
+class Recorder:
+  """Appends rows for one worker to `out/rows.jsonl` and knows its deadline (seconds since the epoch)."""
+
+  def __init__(self, out: str, worker: str, deadline: float, smoke: bool):
+    self.path = os.path.join(out, ROWS_FILE)
+    self.worker, self.deadline, self.smoke = worker, deadline, smoke
+    self.start = time.time()
+    os.makedirs(out, exist_ok=True)
+
+  def write(self, record: dict) -> None:
+    with open(self.path, "a") as f:
+      f.write(json.dumps(dict(record, worker=self.worker), default=_plain) + "\n")
+
+  def row(self, section: str, config: str, value=None, unit: str = "", *, vs=None, ref: str = "",
+          status: str = "ok", note: str = "", **extra) -> dict:
+    """One measurement: `value` in `unit`, optionally `vs` a reference named by `ref` (a ratio or a fraction)."""
+    row = dict(kind="row", section=section, config=config, value=_finite_or_none(value), unit=unit,
+               vs=_finite_or_none(vs), ref=ref, status=status, note=note, at_s=round(time.time() - self.start, 1),
+               **extra)
+    self.write(row)
+    shown = f"{value:.4g} {unit}" if status == "ok" and isinstance(value, (int, float)) else status
+    print(f"[{self.worker} {row['at_s']:.0f}s] {section} | {config} | {shown} | {note}", flush=True)
+    return row
+
+  def estimate(self, name: str, times: float = 1.0) -> float:
+    return SMOKE_ESTIMATE_S if self.smoke else GPU_ESTIMATES_S[name] * times
+
+  def left(self) -> float:
+    return self.deadline - time.time()
+
+  def fits(self, name: str, times: float = 1.0) -> bool:
+    """Whether a measurement of the kind `name` (times `times`) is expected to end before the deadline."""
+    return self.left() >= self.estimate(name, times)
+
+
+def read_rows(out: str) -> list[dict]:
+  path = os.path.join(out, ROWS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _finite_or_none(x):
+  if x is None:
+    return None
+  x = float(x)
+  return x if math.isfinite(x) else None
+
+
+def _plain(x):
+  """JSON for numpy scalars and arrays in extras."""
+  if isinstance(x, np.generic):
+    return x.item()
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  return str(x)
+
+
+# --- NCU stage-2 inputs ------------------------------------------------------------------------------------------
+
+NCU_LOGIT_SCALE = math.log(1 / 0.07)   # CLIP's initial temperature, as a log (ncjax's losses take the log)
+NCU_FORGET_RATIO = 0.1                 # P of the public script: the floor(P N) least confident pairs are forgotten
+NCU_DIM = 512
+
+
+def ncu_inputs(n: int, dim: int = NCU_DIM, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Unit-norm image, text and negative-text embeddings (float32, n x dim), the same on both sides of the
+  comparison. The texts lean towards their images (0.6 / 0.4) so that pairs have a real diagonal: the forget set
+  is then a choice and the plan non-trivial, as in benchmarks/ncu.py."""
+  rng = np.random.default_rng(seed)
+  v, t, tn = rng.standard_normal((3, n, dim), dtype=np.float32)
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  v = unit(v)
+  t = unit(0.6 * v + 0.4 * unit(t))
+  return v, t, unit(tn)
+
+
+def crosscheck_inputs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """methods.md §1.7's N = 8, D = 4 inputs from their closed formulas (float64): the unit check of the public
+  loop's restatement against the notes' values."""
+  i = np.arange(8)[:, None]
+  d = np.arange(4)[None, :]
+  v = np.cos(0.5 * i * d + i + 0.3 * d)
+  t = v + 0.3 * np.sin(1.7 * i + d)
+  for r in (2, 5):
+    t[r] = np.cos(0.9 * r * np.arange(4) + 2.0)
+  tn = -t + 0.5 * np.cos(i + 2 * d)   # from the un-normalised texts
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  return unit(v), unit(t), unit(tn)
+
+
+# methods.md §1.7 (an independent numpy restatement of the public code, written for the notes): at P = 0.25 the
+# forget set is {2, 5}, Sinkhorn stops after 81 (image side) and 91 (text side) iterations, and the loss terms are:
+CROSSCHECK = dict(ratio=0.25, forget=(2, 5), iterations=(81, 91), loss_img=2.677844, loss_txt=2.364622,
+                  loss_ul=2.521233, loss_band=0.216589)
