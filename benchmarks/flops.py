@@ -69,9 +69,10 @@ def tower_flops(shape: TowerShape, *, frozen_blocks: int = 0, remat: bool = Fals
 
 def loss_flops(global_batch: int, embed_dim: int, method: str) -> float:
   """The similarity products of the global loss per example, forward and backward (3x): N x N logits for CLIP /
-  SigLIP; GSC adds its image-image and text-text structures; NCU's stage 2 the N x (N+1) extended similarity."""
+  SigLIP; GSC adds its intra-modal logits A'B'^T in their D x D form ((V M) T^T: one more N x N x D product;
+  ncjax.losses.gsc.batch_loss_gram); NCU's stage 2 the N x (N+1) extended similarity."""
   n, e = global_batch, embed_dim
-  products = {"clip": 1, "siglip": 1, "bayes": 1, "gsc": 3, "ncu": 1, "meru": 1}.get(method, 1)
+  products = {"clip": 1, "siglip": 1, "bayes": 1, "gsc": 2, "ncu": 1, "meru": 1}.get(method, 1)
   return 3.0 * products * 2 * n * e
 
 

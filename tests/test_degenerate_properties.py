@@ -156,6 +156,7 @@ def test_sinkhorn_solvers_on_masks(layout, seed):
 
 
 _gsc_vg = _value_and_grad(lambda s, a, b, y: gsc.batch_loss(s, a, b, y)[0], 3)
+_gsc_gram_vg = _value_and_grad(lambda v, t, y: gsc.batch_loss_gram(v @ t.T, v, t, y)[0], 2)
 _update_labels = jax.jit(gsc.update_labels)
 
 
@@ -168,6 +169,7 @@ def test_gsc_loss(kv, kt, labels, seed):
   v, t = _rows(kv, rng), _rows(kt, rng)
   y = {"ones": np.ones(N), "zeros": np.zeros(N), "mixed": rng.uniform(size=N)}[labels].astype(np.float32)
   _check(_gsc_vg, v @ t.T, v @ v.T, t @ t.T, y)
+  _check(_gsc_gram_vg, v, t, y)     # the D x D form CLIP towers use: zero, identical, one-hot rows stay finite
 
 
 def _scores(spread, rng, n=64):
@@ -262,7 +264,7 @@ def test_a_batch_of_one():
 
 def test_a_batch_of_one_per_device_sharded_equals_unsharded(devices):
   """Global batch 8 on 8 devices (one example each): every loss sees the whole batch, same values and gradients as
-  unsharded (InfoNCE/SigLIP, NCU, AC, HAC, DisNCL), and Bayes' Gibbs draws are the same under the mesh."""
+  unsharded (InfoNCE/SigLIP, NCU, AC, HAC, DisNCL, GSC's D x D form), and Bayes' Gibbs draws are the same under the mesh."""
   from jax.sharding import NamedSharding, PartitionSpec as P
   mesh = jax.sharding.Mesh(np.array(devices), ("data",))
   rng = np.random.default_rng(1)
@@ -280,7 +282,8 @@ def test_a_batch_of_one_per_device_sharded_equals_unsharded(devices):
                          (_ncu_vg, (v, t, tn, jnp.float32(4.6), forget), 1e-6),
                          (_ac_vg, (v, t, t, tn, jnp.float32(4.6)), 1e-5),
                          (_hac_vg, (*hyp, jnp.float32(4.6)), 1e-3),
-                         (_disncl_vg, (sim, sim), 1e-6)):
+                         (_disncl_vg, (sim, sim), 1e-6),
+                         (_gsc_gram_vg, (v, t, jnp.linspace(0.2, 1.0, N)), 1e-6)):
     value, grads = fn(*args)
     value_sh, grads_sh = fn(*[shard(a) if a.ndim else a for a in map(jnp.asarray, args)])
     _finite(value_sh, grads_sh)

@@ -11,7 +11,7 @@ Restated from the public code (MediaBrain-SJTU/GSC, `RINCE.train_batch`; shared/
   L = mean_i l_CM_i + gamma * mean_i l_IM_i
 
 S, A, Bc are B x B similarity matrices in their final form: sigmoid(SGR scores) in the public code's region
-backbone, cosines for CLIP towers.
+backbone, cosines for CLIP towers (where `batch_loss_gram` computes the same from the embeddings).
 """
 
 from __future__ import annotations
@@ -54,28 +54,61 @@ def structure_score(image_sim, text_sim, y=None):
   return num / jnp.maximum(den, 1e-12)
 
 
-def batch_loss(sim, image_sim, text_sim, y, tau1: float = 0.07, tau2: float = 1.0, gamma: float = 0.01,
-               indicator: str = "softmax"):
-  """GSC's per-batch loss; returns (loss, metrics) with metrics['y_cm'] and metrics['s_im'] per sample."""
-  s = f32(sim)
-  n = s.shape[0]
-  y = jnp.ones((n,), jnp.float32) if y is None else f32(y)
+def _cross_modal_loss(s, y, tau1):
   logits = s / tau1
   diag = diagonal(logits)
   l_row = jax.nn.logsumexp(logits, axis=1) - diag
   l_col = jax.nn.logsumexp(logits, axis=0) - diag
-  loss_cm = jnp.mean(0.5 * (l_row + l_col) * y)
+  return jnp.mean(0.5 * (l_row + l_col) * y)
+
+
+def _labels(s, y):
+  return jnp.ones((s.shape[0],), jnp.float32) if y is None else f32(y)
+
+
+def _combine(s, y, loss_cm, im_logits, s_im, tau1, gamma, indicator):
+  l_im = (jax.nn.logsumexp(im_logits, axis=1) - diagonal(im_logits)) * y
+  loss_im = jnp.mean(l_im)
+  metrics = dict(loss_cm=loss_cm, loss_im=loss_im,
+                 y_cm=jax.lax.stop_gradient(cross_modal_indicator(s, tau1, indicator)),
+                 s_im=jax.lax.stop_gradient(s_im), mean_label=jnp.mean(y))
+  return loss_cm + gamma * loss_im, metrics
+
+
+def batch_loss(sim, image_sim, text_sim, y, tau1: float = 0.07, tau2: float = 1.0, gamma: float = 0.01,
+               indicator: str = "softmax"):
+  """GSC's per-batch loss; returns (loss, metrics) with metrics['y_cm'] and metrics['s_im'] per sample."""
+  s = f32(sim)
+  y = _labels(s, y)
   a = f32(image_sim) * y[None, :]
   bc = f32(text_sim) * y[None, :]
   im_logits = (a @ bc.T) / tau2
-  l_im = (jax.nn.logsumexp(im_logits, axis=1) - diagonal(im_logits)) * y
-  loss_im = jnp.mean(l_im)
-  loss = loss_cm + gamma * loss_im
-  metrics = dict(loss_cm=loss_cm, loss_im=loss_im,
-                 y_cm=jax.lax.stop_gradient(cross_modal_indicator(s, tau1, indicator)),
-                 s_im=jax.lax.stop_gradient(structure_score(image_sim, text_sim, y)),
-                 mean_label=jnp.mean(y))
-  return loss, metrics
+  return _combine(s, y, _cross_modal_loss(s, y, tau1), im_logits, structure_score(image_sim, text_sim, y), tau1,
+                  gamma, indicator)
+
+
+def batch_loss_gram(sim, image_emb, text_emb, y, tau1: float = 0.07, tau2: float = 1.0, gamma: float = 0.01,
+                    indicator: str = "softmax"):
+  """`batch_loss` for structures that are the embeddings' Gram matrices, A = V V^T and Bc = T T^T (CLIP towers'
+  cosine structures), through D x D products instead of N x N x N ones. With W = diag(y^2):
+    A' B'^T = V V^T W T T^T = (V M) T^T,        M = V^T W T                          (D x D)
+    <A'_i, B'_i> = V_i^T M T_i,   |A'_i|^2 = V_i^T (V^T W V) V_i,   |B'_i|^2 = T_i^T (T^T W T) T_i
+  — the same numbers (up to float32 rounding: the sums are reassociated), at 2 N^2 D + O(N D^2) FLOPs instead of
+  2 N^3, and, over a pod, with the rows split: the N x N structures are never formed, so nothing N x N is gathered
+  or all-reduced (the N x N x N form made a v5e-256 step at N = 32,768 gather a bf16 N x N matrix and all-reduce a
+  float32 one, 10 GiB per chip: benchmarks/pod_compile.py) — one gather of T, as the cross-modal logits need."""
+  s = f32(sim)
+  y = _labels(s, y)
+  v, t = f32(image_emb), f32(text_emb)
+  w = (y * y)[:, None]
+  m = v.T @ (w * t)
+  im_logits = ((v @ m) @ t.T) / tau2
+  num = jnp.sum((v @ m) * t, axis=1)
+  a_norm2 = jnp.sum((v @ (v.T @ (w * v))) * v, axis=1)
+  b_norm2 = jnp.sum((t @ (t.T @ (w * t))) * t, axis=1)
+  den = jnp.sqrt(jnp.maximum(a_norm2, 0.0)) * jnp.sqrt(jnp.maximum(b_norm2, 0.0))
+  return _combine(s, y, _cross_modal_loss(s, y, tau1), im_logits, num / jnp.maximum(den, 1e-12), tau1, gamma,
+                  indicator)
 
 
 def update_labels(state, valid, beta: float = 0.7, gmm_kwargs=None):

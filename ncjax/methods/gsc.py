@@ -87,8 +87,11 @@ class GSC(Method):
     sim = model.similarity(img, txt, k_sim)
     if o.temperature == "model":  # CLIP towers: use the learned logit scale instead of a fixed tau1
       sim = sim * jnp.exp(model.get_logit_scale()) * o.tau1
-    # Two-tower models: cosine structures; SGRAF (configs/gsc.py:backbone=sgraf): sigmoid(SGR) of image-image and
-    # caption-caption pairs through the shared similarity head, as the public code.
+    # Two-tower models: cosine structures, the embeddings' Gram matrices (their D x D form: nothing N x N is built);
+    # SGRAF (configs/gsc.py:backbone=sgraf): sigmoid(SGR) of image-image and caption-caption pairs through the
+    # shared similarity head, as the public code.
+    if getattr(model, "gram_structures", False):
+      return gsc.batch_loss_gram(sim, img, txt, y, o.tau1, o.tau2, o.gamma, o.indicator)
     return gsc.batch_loss(sim, model.image_structure(img, k_img), model.text_structure(txt, k_cap), y, o.tau1, o.tau2,
                           o.gamma, o.indicator)
   def net_loss_fn(self, name: str):

@@ -105,6 +105,10 @@ class TwoTower(nnx.Module):
                      image_features=lambda x: self.encode_image(x, return_features=True)[1],
                      ensemble=self.geometry.ensemble, norm=self.geometry.norm)
 
+  # image_structure / text_structure are the embeddings' Gram matrices: a loss may use their D x D form
+  # (ncjax.losses.gsc.batch_loss_gram) instead of building N x N matrices.
+  gram_structures = True
+
   def image_structure(self, image_emb, rng=None):
     """Image-image structure (GSC's A): cosine similarities of the batch's image embeddings."""
     del rng

@@ -44,6 +44,35 @@ def test_gsc_weights_scale_columns_of_the_intra_modal_structures():
   np.testing.assert_allclose(s_im, ref, rtol=1e-5)
 
 
+@pytest.mark.parametrize("labels", ["ones", "mixed", "zeros"])
+def test_the_gram_form_equals_the_matrix_form_values_labels_scores_and_gradients(labels):
+  """CLIP towers' structures are the embeddings' Gram matrices: batch_loss_gram's D x D products give batch_loss's
+  loss, y_CM, S_IM and gradients (w.r.t. both embeddings, through S, A and Bc alike) to float32 rounding."""
+  rng = np.random.default_rng(7)
+  n, d = 12, 5
+  v = rng.normal(size=(n, d)).astype(np.float32)
+  t = (0.6 * v + 0.8 * rng.normal(size=(n, d))).astype(np.float32)
+  v /= np.linalg.norm(v, axis=1, keepdims=True)
+  t /= np.linalg.norm(t, axis=1, keepdims=True)
+  y = {"ones": np.ones(n), "mixed": rng.uniform(0.1, 1.0, n), "zeros": np.zeros(n)}[labels].astype(np.float32)
+
+  def matrix(v, t):
+    return gsc.batch_loss(v @ t.T, v @ v.T, t @ t.T, y, tau1=0.07, tau2=1.0, gamma=0.5)
+
+  def gram(v, t):
+    return gsc.batch_loss_gram(v @ t.T, v, t, y, tau1=0.07, tau2=1.0, gamma=0.5)
+
+  (l_ref, m_ref), g_ref = jax.value_and_grad(matrix, argnums=(0, 1), has_aux=True)(v, t)
+  (l_got, m_got), g_got = jax.value_and_grad(gram, argnums=(0, 1), has_aux=True)(v, t)
+  assert float(l_got) == pytest.approx(float(l_ref), rel=1e-5, abs=1e-6)
+  for key in ("y_cm", "s_im", "loss_im", "loss_cm"):
+    np.testing.assert_allclose(np.asarray(m_got[key]), np.asarray(m_ref[key]), rtol=1e-5, atol=1e-6)
+  for a, b in zip(g_got, g_ref):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  if labels != "zeros":   # the intra-modal term is there to compare (gamma 0.5)
+    assert float(m_ref["loss_im"]) > 0.1
+
+
 def _synthetic(seed):
   rng = np.random.default_rng(seed)
   n = 2000
