@@ -46,7 +46,8 @@ HloModule jit__step
 ENTRY %main.1 (param: f32[128,512]) -> f32[] {
   %all-reduce-start.4 = (bf16[768,512]{1,0}, f32[768]{0}) all-reduce-start(%g0, %g1), channel_id=4, replica_groups=[1,256]<=[256], to_apply=%add, metadata={op_name="jit(_step)/transpose(jvp())/dot_general"}
   %all-reduce-done.4 = (bf16[768,512]{1,0}, f32[768]{0}) all-reduce-done(%all-reduce-start.4)
-  %reduce-scatter.5 = f32[256,512]{1,0} reduce-scatter(%g2), channel_id=5, replica_groups=[64,4]<=[256], dimensions={0}, to_apply=%add
+  %reduce-scatter.5 = f32[256,512]{1,0} reduce-scatter(%g2), channel_id=5, replica_groups=mesh['axis_0'=64,'axis_1'=4] {'axis_1'}, dimensions={0}, to_apply=%add
+  %all-gather.6 = bf16[768,3072]{0,1} all-gather(%w), channel_id=6, replica_groups=[16,16]<=[256], dimensions={1}
   %while.8 = (s32[], f32[1024]) while(%init), condition=%cond.7, body=%body.7
   ROOT %r = f32[] constant(0)
 }
@@ -55,8 +56,10 @@ ENTRY %main.1 (param: f32[128,512]) -> f32[] {
 
 def test_collectives_are_merged_by_channel_and_counted_over_rings():
   by_channel = {c["name"]: c for c in pc.collectives(HLO, 256)}
-  assert len(by_channel) == 4                # one gather in three places, the async all-reduce once, the loop's
-  gather = next(c for c in by_channel.values() if c["kind"] == "all-gather")
+  assert len(by_channel) == 5   # one gather in three places, the async all-reduce once, the scatter, a gather, the loop's
+  gather = next(c for c in by_channel.values() if c["kind"] == "all-gather" and c["pieces"] > 1)
+  fsdp_gather = next(c for c in by_channel.values() if c["kind"] == "all-gather" and c["pieces"] == 1)
+  assert fsdp_gather["group"] == 16 and fsdp_gather["moved"] == pytest.approx(768 * 3072 * 2 * 15 / 16)
   assert gather["pieces"] == 3 and gather["bytes"] == 32768 * 512 * 2
   assert gather["moved"] == pytest.approx(32768 * 512 * 2 * 255 / 256)
   start = next(c for c in by_channel.values() if c["kind"] == "all-reduce" and not c["in_loop"])
@@ -136,3 +139,10 @@ def test_the_largest_batch_search_finds_the_last_multiple_of_8_the_compiler_acce
   assert out["max_batch"] == max(fits)
   assert out["refused_above"] == max(fits) + 8     # bracketed: the next multiple of 8 was compiled and refused
   assert len(set(calls)) <= 9
+
+
+def test_collectives_in_a_loop_count_once_per_iteration():
+  cols = pc.collectives(HLO, 256)
+  looped = sum(c["moved"] for c in cols if c["in_loop"])
+  once = pc.collective_total(cols)
+  assert pc.collective_total(cols, 100) == pytest.approx(once + 99 * looped)
