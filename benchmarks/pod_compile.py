@@ -378,60 +378,72 @@ def config_name(model: str, slice_name: str, mesh_kind: str, batch_per_chip: int
   return name + ("_remat" if remat else "")
 
 
-def largest_batch(model: str, slice_name: str, *, remat: bool, run, anchors=(64, 128, 256)) -> dict:
-  """The largest per-chip batch the compiler accepts, data-parallel. Peak memory is a + s b + q b^2 in the per-chip
-  batch b (the rows of the loss's logits against the global batch grow as b x chips b): fitted through the anchors
-  that compile (halving below them until three do), the prediction, a multiple of 8, is compiled, then the interval
-  between the largest accepted and the smallest refused batch is halved until they are 8 apart (or 5 tries)."""
+_TEMPS_REFUSED = re.compile(r"required for HLO temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
+
+
+def memory_point(r: dict) -> tuple[float, float] | None:
+  """(temporaries needed, HBM available for them) in bytes for one compile: from the memory analysis where the
+  compiler accepted the program (available = capacity − arguments − outputs + aliases − code), from its refusal
+  otherwise ("required for HLO temporaries (X G) exceeds available HBM (Y G)": a refused compile fails in ~1
+  minute where an accepted one takes several, so refusals are the cheap points)."""
+  if r.get("fits"):
+    rest = r["peak_bytes"] - r["temp_bytes"]
+    return float(r["temp_bytes"]), float(r["hbm_capacity"] - rest)
+  m = _TEMPS_REFUSED.search(r.get("error", ""))
+  return (float(m.group(1)) * GIB, float(m.group(2)) * GIB) if m else None
+
+
+def largest_batch(model: str, slice_name: str, *, remat: bool, run, anchors=(128, 512, 1024)) -> dict:
+  """The largest per-chip batch the compiler accepts, data-parallel. The temporaries grow as a + s b + q b^2 in the
+  per-chip batch b (the loss's logits: b rows against the global chips x b); the line is fitted through the anchors
+  (accepted or refused: both give the temporaries), the batch where it meets the available HBM, rounded down to a
+  multiple of 8, is compiled, and the interval between the largest accepted and the smallest refused batch is
+  halved until they are 8 apart (at most 6 more compiles)."""
   import numpy as np
-  _, chip, _ = SLICES[slice_name]
-  fitted, refused = {}, set()
+  points, fitted, refused = {}, set(), set()
 
   def attempt(b):
     r = run(model, slice_name, "data", b, remat)
-    if r.get("fits"):
-      fitted[b] = r["peak_bytes"]
-    else:
-      refused.add(b)
+    (fitted if r.get("fits") else refused).add(b)
+    p = memory_point(r)
+    if p is not None:
+      points[b] = p
 
   for b in anchors:
     attempt(b)
-  b = min(anchors)
-  while len(fitted) < 3 and b > 8:
-    b //= 2
-    attempt(b)
-  if len(fitted) < 2:
-    return dict(max_batch=max(fitted) if fitted else None, note="too few batches compile to fit a line")
-  bs = np.array(sorted(fitted), float)
-  ys = np.array([fitted[int(b)] for b in bs], float)
-  coef = np.polyfit(bs, ys, 2 if len(bs) >= 3 else 1)
-  q, s, a = (coef if len(coef) == 3 else (0.0, *coef))
-  budget = chip.hbm_bytes
-  predicted = ((-s + math.sqrt(s * s - 4 * q * (a - budget))) / (2 * q) if q > 0 else (budget - a) / s)
-  guess = predicted
-  for _ in range(5):
-    lo = max(fitted)
-    hi = min((b for b in refused if b > lo), default=None)
+  if len(points) < 2:
+    return dict(max_batch=max(fitted) if fitted else None, note="fewer than two compiles reported memory")
+  bs = np.array(sorted(points), float)
+  temps = np.array([points[int(b)][0] for b in bs])
+  avail = float(np.median([points[int(b)][1] for b in bs]))
+  coef = np.polyfit(bs, temps, 2 if len(bs) >= 3 else 1)
+  q, s, a = coef if len(coef) == 3 else (0.0, *coef)
+  disc = s * s - 4 * q * (a - avail)
+  predicted = ((-s + math.sqrt(disc)) / (2 * q)) if q > 0 and disc >= 0 else (avail - a) / s
+  def bracket():
+    lo = max(fitted, default=0)
+    return lo, min((b for b in refused if b > lo), default=None)
+
+  # The prediction, then steps of 8, 16, 32, ... away from it towards the side not yet seen, then halving.
+  g, step = max(8, int(predicted) // 8 * 8), 8
+  for _ in range(6):
+    lo, hi = bracket()
     if hi is not None and hi - lo <= 8:
       break
-    g = int(guess) // 8 * 8
-    if g <= lo:
-      g = lo + 8
-    if hi is not None and g >= hi:
-      g = (lo + hi) // 2 // 8 * 8
-      if g <= lo:
-        break
+    if g <= lo or (hi is not None and g >= hi) or g in fitted or g in refused:
+      if hi is not None and hi - lo <= 8 * step:   # near both ends: halve the interval
+        g = max(lo + 8, (lo + hi) // 2 // 8 * 8)
+      else:
+        g = lo + step if (hi is None or g <= lo or g in fitted) else hi - step
+      step *= 2
     attempt(g)
-    lo = max(fitted)
-    hi = min((b for b in refused if b > lo), default=None)
-    guess = (lo + hi) / 2 if hi is not None else lo + max(8, 0.25 * lo)
-  lo = max(fitted)
-  hi = min((b for b in refused if b > lo), default=None)
-  return dict(max_batch=lo, refused_above=hi, predicted=predicted, fit=[a, s, q],
+    g = g + 8 if g in fitted else g - 8
+  lo = max(fitted, default=None)
+  hi = min((b for b in refused if lo is None or b > lo), default=None)
+  return dict(max_batch=lo, refused_above=hi, predicted=predicted, fit=[a, s, q], available=avail,
               tried=sorted([(b, True) for b in fitted] + [(b, False) for b in refused]))
 
 
-# the configurations of the report, in the order they run
 # (model, slice, mesh, remat): ViT-L/14 at 128 pairs per chip needs 27.6 GiB of temporaries without remat, more
 # than a v5e chip has, so its v5e rows are remat's too.
 MAIN = [("clip_vit_b16", "v5e256", "data", False), ("clip_vit_b16", "v5p128", "data", False),
