@@ -156,7 +156,7 @@ def test_sinkhorn_solvers_on_masks(layout, seed):
 
 
 _gsc_vg = _value_and_grad(lambda s, a, b, y: gsc.batch_loss(s, a, b, y)[0], 3)
-_gsc_gram_vg = _value_and_grad(lambda v, t, y: gsc.batch_loss_gram(v @ t.T, v, t, y)[0], 2)
+_gsc_gram_vg = _value_and_grad(lambda v, t, y: gsc.batch_loss_gram(None, v, t, y, sim_scale=2.0)[0], 2)
 _update_labels = jax.jit(gsc.update_labels)
 
 

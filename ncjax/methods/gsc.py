@@ -84,14 +84,17 @@ class GSC(Method):
     k_txt, k_sim, k_img, k_cap = jax.random.split(rng, 4)
     img = model.encode_image(batch["image"])
     txt = model.encode_text(batch["tokens"], k_txt)
-    sim = model.similarity(img, txt, k_sim)
-    if o.temperature == "model":  # CLIP towers: use the learned logit scale instead of a fixed tau1
-      sim = sim * jnp.exp(model.get_logit_scale()) * o.tau1
-    # Two-tower models: cosine structures, the embeddings' Gram matrices (their D x D form: nothing N x N is built);
-    # SGRAF (configs/gsc.py:backbone=sgraf): sigmoid(SGR) of image-image and caption-caption pairs through the
-    # shared similarity head, as the public code.
+    # CLIP towers: use the learned logit scale instead of a fixed tau1
+    scale = jnp.exp(model.get_logit_scale()) * o.tau1 if o.temperature == "model" else None
+    # Two-tower models (GSC takes the sphere: S is the embeddings' cosines): cosine structures, the embeddings' Gram
+    # matrices, in their D x D form, S computed beside them (nothing N x N is built or gathered); SGRAF
+    # (configs/gsc.py:backbone=sgraf): sigmoid(SGR) of image-image and caption-caption pairs through the shared
+    # similarity head, as the public code.
     if getattr(model, "gram_structures", False):
-      return gsc.batch_loss_gram(sim, img, txt, y, o.tau1, o.tau2, o.gamma, o.indicator)
+      return gsc.batch_loss_gram(None, img, txt, y, o.tau1, o.tau2, o.gamma, o.indicator, sim_scale=scale)
+    sim = model.similarity(img, txt, k_sim)
+    if scale is not None:
+      sim = sim * scale
     return gsc.batch_loss(sim, model.image_structure(img, k_img), model.text_structure(txt, k_cap), y, o.tau1, o.tau2,
                           o.gamma, o.indicator)
   def net_loss_fn(self, name: str):

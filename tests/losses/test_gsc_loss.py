@@ -56,19 +56,24 @@ def test_the_gram_form_equals_the_matrix_form_values_labels_scores_and_gradients
   t /= np.linalg.norm(t, axis=1, keepdims=True)
   y = {"ones": np.ones(n), "mixed": rng.uniform(0.1, 1.0, n), "zeros": np.zeros(n)}[labels].astype(np.float32)
 
-  def matrix(v, t):
-    return gsc.batch_loss(v @ t.T, v @ v.T, t @ t.T, y, tau1=0.07, tau2=1.0, gamma=0.5)
+  def matrix(v, t, c):
+    return gsc.batch_loss(c * (v @ t.T), v @ v.T, t @ t.T, y, tau1=0.07, tau2=1.0, gamma=0.5)
 
-  def gram(v, t):
-    return gsc.batch_loss_gram(v @ t.T, v, t, y, tau1=0.07, tau2=1.0, gamma=0.5)
+  def gram(v, t, c):
+    return gsc.batch_loss_gram(c * (v @ t.T), v, t, y, tau1=0.07, tau2=1.0, gamma=0.5)
 
-  (l_ref, m_ref), g_ref = jax.value_and_grad(matrix, argnums=(0, 1), has_aux=True)(v, t)
-  (l_got, m_got), g_got = jax.value_and_grad(gram, argnums=(0, 1), has_aux=True)(v, t)
-  assert float(l_got) == pytest.approx(float(l_ref), rel=1e-5, abs=1e-6)
-  for key in ("y_cm", "s_im", "loss_im", "loss_cm"):
-    np.testing.assert_allclose(np.asarray(m_got[key]), np.asarray(m_ref[key]), rtol=1e-5, atol=1e-6)
-  for a, b in zip(g_got, g_ref):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+  def gram_stacked(v, t, c):   # S computed inside, with the intra-modal logits, as the method calls it
+    return gsc.batch_loss_gram(None, v, t, y, tau1=0.07, tau2=1.0, gamma=0.5, sim_scale=c)
+
+  c = np.float32(1.7)   # the model temperature's factor exp(logit_scale) * tau1: its gradient is compared too
+  (l_ref, m_ref), g_ref = jax.value_and_grad(matrix, argnums=(0, 1, 2), has_aux=True)(v, t, c)
+  for fn in (gram, gram_stacked):
+    (l_got, m_got), g_got = jax.value_and_grad(fn, argnums=(0, 1, 2), has_aux=True)(v, t, c)
+    assert float(l_got) == pytest.approx(float(l_ref), rel=1e-5, abs=1e-6)
+    for key in ("y_cm", "s_im", "loss_im", "loss_cm"):
+      np.testing.assert_allclose(np.asarray(m_got[key]), np.asarray(m_ref[key]), rtol=1e-5, atol=1e-6)
+    for a, b in zip(g_got, g_ref):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
   if labels != "zeros":   # the intra-modal term is there to compare (gamma 0.5)
     assert float(m_ref["loss_im"]) > 0.1
 
