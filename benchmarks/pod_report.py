@@ -13,6 +13,49 @@ LABELS = {"clip_vit_b16": "CLIP ViT-B/16", "clip_vit_l14": "CLIP ViT-L/14", "ncu
 SLICE_LABELS = {"v5e256": "v5e-256", "v5p128": "v5p-128", "v5e4": "v5e-4", "cpu8": "8 simulated CPU devices"}
 
 
+FINDINGS = """
+## What the compiled programs say
+
+1. **The "112 distinct all-gathers of the bf16[32768, 512] embeddings" are one.** The TPU compiler's async
+   collective fusion threads a collective through the compute fusions that run while it is in flight: the text
+   embeddings' all-gather (channel 1, chain 0) is copied into 111 fusions of the image tower's forward (QKV
+   projections and the like), each advancing the transfer and passing the partly gathered buffer on. Per step a chip
+   receives the embeddings once (31.9 MiB at 32k). This report merges a collective's copies by channel id and counts
+   them (`pieces`).
+2. **A logged metric cost as much as the loss's gather.** InfoNCE's text-to-image accuracy took `argmax` over the
+   columns of the row-split logits: the compiler gathered every chip's per-column (value, index) candidates —
+   f32 and s32 [8,388,608] all-gathers and a 16 MiB all-to-all, 80 MiB per chip per step, growing with the chip
+   count. It is now computed from two column reductions (the column maximum and the first row attaining it): two
+   all-reduces of N numbers, argmax's answer ties included (`contrastive.column_argmax_is_diagonal`).
+3. **GSC moved 15x the minimum.** Its intra-modal logits A'B'^T multiplied the N x N structures: at N = 32,768 the
+   compiler gathered a bf16 N x N matrix (2 GiB) and all-reduced its float32 gradient (8 GiB received per chip per
+   step: 14.9x the minimum on v5e-256, 17.7x on v5p-128, and 2 N^3 FLOPs). With CLIP towers the structures are the
+   embeddings' Gram matrices, so A'B'^T = (V M) T^T with M = V^T diag(y^2) T (D x D), and S_IM likewise
+   (`gsc.batch_loss_gram`): nothing N x N is built; computing S in the same product as (V M) T^T makes T's gradient
+   one all-reduce instead of two (1.26x / 1.30x before that, 1.09x / 1.13x after: CLIP's).
+4. **What remains above the minimum** (1.09x on v5e-256, 1.13x on v5p-128 for CLIP): the text embeddings'
+   gradient arrives by an all-reduce of the float32 N x 512 matrix followed by a slice (GSPMD's transpose of the
+   gather it inserted), where a reduce-scatter would move half (127.5 against 63.8 MiB); on v5p-128 the forward
+   gather is an all-reduce of a zero-padded buffer as well (63.5 against 31.9 MiB). A shard_map loss with an
+   explicit all_gather (whose transpose is psum_scatter) would save these ~64-96 MiB per step — about 0.2 ms of ICI
+   against an 80 ms step: left as is.
+5. **Gradients are summed in bf16.** The weights the towers use in bf16 get their gradients as bf16 products, and
+   XLA all-reduces those before widening them to the float32 parameters: half the bytes of a float32 reduction (the
+   minimum above counts them so), rounded in bf16 along the ring over 256 chips. A float32 reduction would double
+   the gradient traffic (665 -> ~1,330 MiB per chip per step, ~3 ms of ICI); not changed here.
+6. **Memory.** ViT-B/16 at 128 pairs per chip takes 14.5 GiB of a v5e chip's 16 (the compiler allows 15.75 GiB):
+   it fits, NCU's and GSC's steps too. ViT-L/14 at 128 per chip does not fit a v5e chip, even with remat: 27.6 /
+   16.0 GiB of temporaries — 428 M float32 parameters, their AdamW moments and gradients replicated on every chip
+   take 6.4 GiB before any activation; with FSDP the state is split 16 ways.
+7. **The HBM term is XLA's estimate, and pessimistic.** The compiler's "bytes accessed" (208 GB per chip per step
+   for ViT-B/16 at 128 per chip: 253 ms at 819 GB/s against 81 ms of compute) counts every fusion's operands and
+   results, also buffers it keeps in on-chip memory; were it right, the step would be memory-bound at ~31% MFU. The
+   truth lies between that and the compute-bound figure; a run on the slice decides. The largest real traffic is the
+   einsum attention's float32 logits and probabilities (B x 12 x 197 x 197 per block, forward and backward): a fused
+   attention kernel for TPU (Pallas) is what would remove it — not built (`model.attention` has cuDNN's for GPUs).
+"""
+
+
 def _main_records(results: dict) -> list[dict]:
   return [r for k, r in results.items() if isinstance(r, dict) and r.get("name") == k]
 
@@ -114,6 +157,7 @@ def markdown(results: dict, *, versions: str = "") -> str:
     out.append(f"| {LABELS.get(r['model'], r['model'])} | {SLICE_LABELS.get(r['slice'], r['slice'])} | {_mesh(r)} | "
                f"{pairs_per_second(r, 'compute'):,.0f} / {pairs_per_second(r, 'hbm'):,.0f} | "
                f"{chip_hours_per_billion(r, 'compute'):,.0f} / {chip_hours_per_billion(r, 'hbm'):,.0f} |")
+  out.append(FINDINGS)
   first = next((r for r in rows if r.get("model") == "clip_vit_b16" and r.get("slice") == "v5e256"
                 and r.get("mesh") == "data" and "collectives" in r), None)
   if first:
@@ -123,3 +167,27 @@ def markdown(results: dict, *, versions: str = "") -> str:
       out.append(f"| {c['kind']} | `{c['type'].split('{')[0]}` | {c['pieces']} | {c['moved'] / 2 ** 20:.1f} | "
                  f"`{c['op_name'][-60:]}` |")
   return "\n".join(out) + "\n"
+
+
+def readme_table(results: dict) -> str:
+  """The README's per-chip summary: one row per main configuration."""
+  out = ["| step | slice, mesh | pairs/chip | peak HBM | FLOPs compiled / analytic | collectives / minimum | "
+         "step ms (compute-bound / with HBM est.) | pairs/s of the slice | chip-hours per 1e9 pairs |",
+         "|---|---|---|---|---|---|---|---|---|"]
+  for r in _main_records(results):
+    label = LABELS.get(r["model"], r["model"]) + (" + remat" if r.get("remat") else "")
+    where = f"{SLICE_LABELS.get(r['slice'], r['slice'])}, {_mesh(r)}"
+    if "flops_compiled" not in r:
+      needed = r.get("error", "").split("temporaries (")[-1].split("G)")[0]
+      out.append(f"| {label} | {where} | {r['batch_per_chip']} | **does not fit** ({float(needed):.1f} GiB of "
+                 f"temporaries) | | | | | |")
+      continue
+    compute = r["seconds_compute"] + r["seconds_ici"]
+    over = " (the compiler accepts it)" if r["peak_bytes"] > r["hbm_capacity"] else ""
+    out.append(f"| {label} | {where} | {r['batch_per_chip']} | {r['peak_bytes'] / GIB:.1f} of "
+               f"{r['hbm_capacity'] / GIB:.0f} GiB{over} | {r['flops_compiled'] / r['flops_analytic']:.2f}x | "
+               f"{r['collective_bytes'] / r['collective_bytes_min']:.2f}x | {1e3 * compute:.0f} / "
+               f"{1e3 * r['step_seconds']:.0f} | {pairs_per_second(r, 'compute'):,.0f} / "
+               f"{pairs_per_second(r, 'hbm'):,.0f} | {chip_hours_per_billion(r, 'compute'):,.0f} / "
+               f"{chip_hours_per_billion(r, 'hbm'):,.0f} |")
+  return "\n".join(out)
