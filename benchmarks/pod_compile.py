@@ -519,6 +519,17 @@ def run_all(json_path: str, *, only: set | None = None, search: bool = True, qui
   return results
 
 
+def _versions() -> str:
+  from importlib import metadata
+  found = []
+  for name in ("jax", "jaxlib", "libtpu"):
+    try:
+      found.append(f"{name} {metadata.version(name)}")
+    except metadata.PackageNotFoundError:
+      pass
+  return "; " + ", ".join(found) if found else ""
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--json", default="bench_results/pod_compile.json")
@@ -526,8 +537,15 @@ def main(argv=None):
   parser.add_argument("--only", default="", help="comma-separated configuration names (default: all)")
   parser.add_argument("--no_search", action="store_true", help="skip the largest-batch search")
   parser.add_argument("--quick", action="store_true", help="a micro model on v5e:2x2 (the test's path)")
-  parser.add_argument("--hlo", default="", help="write the compiled HLO of one configuration (--only=NAME)")
+  parser.add_argument("--report_only", action="store_true", help="write --note from --json without compiling")
   args = parser.parse_args(argv)
+  if args.report_only:
+    from benchmarks import pod_report
+    with open(args.json) as f:
+      results = json.load(f)
+    with open(args.note, "w") as f:
+      f.write(pod_report.markdown(results, versions=_versions()))
+    return 0
   from ncjax import runtime
   runtime.configure_cpu_devices(8)    # the cpu8 slice (--quick without libtpu); TPU topologies need no devices
   os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -536,7 +554,7 @@ def main(argv=None):
   if args.note:
     from benchmarks import pod_report
     with open(args.note, "w") as f:
-      f.write(pod_report.markdown(results))
+      f.write(pod_report.markdown(results, versions=_versions()))
   print(f"[pod_compile] {len(results)} records in {args.json}")
   return 0
 
