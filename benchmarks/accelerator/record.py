@@ -16,6 +16,8 @@ import time
 
 import numpy as np
 
+from ncjax.testing import NCU_CROSSCHECK, ncu_crosscheck_inputs
+
 ROWS_FILE = "rows.jsonl"
 NOT_RUN_TIME = "not run (time)"
 
@@ -139,20 +141,9 @@ def ncu_inputs(n: int, dim: int = NCU_DIM, seed: int = 0) -> tuple[np.ndarray, n
 
 
 def crosscheck_inputs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """methods.md §1.7's N = 8, D = 4 inputs from their closed formulas (float64): the unit check of the public
-  loop's restatement against the notes' values."""
-  i = np.arange(8)[:, None]
-  d = np.arange(4)[None, :]
-  v = np.cos(0.5 * i * d + i + 0.3 * d)
-  t = v + 0.3 * np.sin(1.7 * i + d)
-  for r in (2, 5):
-    t[r] = np.cos(0.9 * r * np.arange(4) + 2.0)
-  tn = -t + 0.5 * np.cos(i + 2 * d)   # from the un-normalised texts
-  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
-  return unit(v), unit(t), unit(tn)
+  """methods.md §1.7's N = 8, D = 4 inputs (float64): the unit check of the public loop's restatement against the
+  notes' values (ncjax.testing holds them for the tests too)."""
+  return ncu_crosscheck_inputs("float64")
 
 
-# methods.md §1.7 (an independent numpy restatement of the public code, written for the notes): at P = 0.25 the
-# forget set is {2, 5}, Sinkhorn stops after 81 (image side) and 91 (text side) iterations, and the loss terms are:
-CROSSCHECK = dict(ratio=0.25, forget=(2, 5), iterations=(81, 91), loss_img=2.677844, loss_txt=2.364622,
-                  loss_ul=2.521233, loss_band=0.216589)
+CROSSCHECK = NCU_CROSSCHECK   # methods.md §1.7's expected values

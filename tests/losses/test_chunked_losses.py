@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ncjax.losses import chunked, contrastive, ncu
 from ncjax.sharding import make_mesh
+from ncjax.testing import ncu_crosscheck_inputs
 
 LOGIT_SCALE = math.log(1 / 0.07)
 
@@ -89,13 +90,7 @@ def test_chunked_ncu_loss_equals_the_dense_kernel_loss(devices, ratio, normalize
 
 def test_chunked_ncu_matches_the_methods_md_crosscheck():
   """methods.md §1.7's inputs and values (an independent restatement of the public NCU code; tests/README.md)."""
-  i, d = np.arange(8)[:, None], np.arange(4)[None, :]
-  v = np.cos(0.5 * i * d + i + 0.3 * d)
-  t = v + 0.3 * np.sin(1.7 * i + d)
-  for r in (2, 5):
-    t[r] = np.cos(0.9 * r * np.arange(4) + 2.0)
-  tn = -t + 0.5 * np.cos(i + 2 * d)
-  v, t, tn = ((x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32) for x in (v, t, tn))
+  v, t, tn = ncu_crosscheck_inputs()
   forget, _ = ncu.select_forget(v, t, LOGIT_SCALE, 0.25)
   out = ncu.unlearning(v, t, tn, LOGIT_SCALE, forget, ncu.UnlearningOptions(chunk_rows=4))
   assert float(out.scalars["loss_img"]) == pytest.approx(2.677844, abs=2e-6)

@@ -8,22 +8,14 @@ import pytest
 
 from ncjax.losses import ncu
 from ncjax.ot import masked_sinkhorn
+from ncjax.testing import ncu_crosscheck_inputs
 
 LOGIT_SCALE = math.log(1 / 0.07)
 
 
 def crosscheck_inputs():
-  """methods.md §1.7: N=8, D=4. Its expected values (2.677844, ...) come from an independent float64 numpy
-  restatement of hhc1997/NCU's src/ul_clip.py written for the notes, not from ncjax (tests/README.md)."""
-  i = np.arange(8)[:, None]
-  d = np.arange(4)[None, :]
-  v = np.cos(0.5 * i * d + i + 0.3 * d)
-  t = v + 0.3 * np.sin(1.7 * i + d)
-  for r in (2, 5):
-    t[r] = np.cos(0.9 * r * np.arange(4) + 2.0)
-  tn = -t + 0.5 * np.cos(i + 2 * d)  # from the un-normalised t
-  norm = lambda x: (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-  return norm(v), norm(t), norm(tn)
+  """methods.md §1.7: N=8, D=4 (ncjax.testing; its expected values come from an independent restatement)."""
+  return ncu_crosscheck_inputs()
 
 
 def test_crosscheck_forget_selection():

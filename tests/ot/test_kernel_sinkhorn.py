@@ -12,20 +12,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ncjax.losses import ncu
 from ncjax.ot import KernelSinkhorn, ReferenceSinkhorn, masked_sinkhorn
 from ncjax.sharding import make_mesh
+from ncjax.testing import ncu_crosscheck_inputs
 
 LOGIT_SCALE = math.log(1 / 0.07)
 
 
 def crosscheck_inputs():
-  """methods.md §1.7's inputs (expected values: an independent restatement of the public NCU code; tests/README.md)."""
-  i, d = np.arange(8)[:, None], np.arange(4)[None, :]
-  v = np.cos(0.5 * i * d + i + 0.3 * d)
-  t = v + 0.3 * np.sin(1.7 * i + d)
-  for r in (2, 5):
-    t[r] = np.cos(0.9 * r * np.arange(4) + 2.0)
-  tn = -t + 0.5 * np.cos(i + 2 * d)
-  norm = lambda x: (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-  return norm(v), norm(t), norm(tn)
+  """methods.md §1.7's inputs (ncjax.testing; expected values: an independent restatement; tests/README.md)."""
+  return ncu_crosscheck_inputs()
 
 
 def batch(n, d=32, seed=0):
