@@ -181,7 +181,8 @@ def _shape_bytes(text: str) -> list[int]:
 
 
 def _group_size(line: str, default: int) -> int:
-  m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)  # mesh['axis_0'=16,'axis_1'=16] {'axis_1'}
+  # mesh['axis_0'=16,'axis_1'=16] {'axis_1'}, or with the devices' order between: mesh[...], device_ids=(...) {...}
+  m = re.search(r"replica_groups=mesh\[([^\]]*)\][^{]*\{([^}]*)\}", line)
   if m:
     sizes = dict((k.strip("' "), int(v)) for k, v in (kv.split("=") for kv in m.group(1).split(",")))
     group = 1
@@ -303,7 +304,7 @@ def _oom(error: Exception) -> bool:
 
 
 def measure(model: str, slice_name: str, mesh_kind: str, batch_per_chip: int, *, remat: bool = False,
-            devices=None) -> dict:
+            devices=None, hlo_dir: str = "") -> dict:
   """Compile one configuration and read its program: the record `--json` keeps per configuration."""
   import jax
   from benchmarks import flops as flops_lib
@@ -334,6 +335,12 @@ def measure(model: str, slice_name: str, mesh_kind: str, batch_per_chip: int, *,
   method_name = MODELS[model][3]
   analytic = flops_lib.train_step_flops(spec, global_batch, method=method_name, remat=remat) / chips
   hlo = compiled.as_text()
+  if hlo_dir:
+    import gzip
+    os.makedirs(hlo_dir, exist_ok=True)
+    with gzip.open(os.path.join(hlo_dir, config_name(model, slice_name, mesh_kind, batch_per_chip, remat) + ".hlo.gz"),
+                   "wt") as f:
+      f.write(hlo)
   cols = collectives(hlo, chips)
   minimum = minimum_collective_bytes(abstract_params, chips=chips, fsdp=fsdp, global_batch=global_batch,
                                      embed_dim=int(spec.towers["embed_dim"]))
@@ -484,7 +491,8 @@ def run_all(json_path: str, *, only: set | None = None, search: bool = True, qui
       if slice_name not in devices:
         devices[slice_name] = topology_devices(slice_name)
       print(f"[pod_compile] {key} ...", flush=True)
-      results[key] = measure(model, slice_name, mesh_kind, batch_per_chip, remat=remat, devices=devices[slice_name])
+      results[key] = measure(model, slice_name, mesh_kind, batch_per_chip, remat=remat, devices=devices[slice_name],
+                             hlo_dir=os.path.splitext(json_path)[0] + "_hlo")
       r = results[key]
       print(f"[pod_compile] {key}: {r.get('compile_seconds', 0):.0f} s, fits={r.get('fits')}, "
             f"peak {r.get('peak_bytes', 0) / GIB:.2f} GiB", flush=True)

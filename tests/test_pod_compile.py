@@ -48,6 +48,7 @@ ENTRY %main.1 (param: f32[128,512]) -> f32[] {
   %all-reduce-done.4 = (bf16[768,512]{1,0}, f32[768]{0}) all-reduce-done(%all-reduce-start.4)
   %reduce-scatter.5 = f32[256,512]{1,0} reduce-scatter(%g2), channel_id=5, replica_groups=mesh['axis_0'=64,'axis_1'=4] {'axis_1'}, dimensions={0}, to_apply=%add
   %all-gather.6 = bf16[768,3072]{0,1} all-gather(%w), channel_id=6, replica_groups=[16,16]<=[256], dimensions={1}
+  %all-gather.7 = bf16[64,256]{1,0} all-gather(%w2), channel_id=7, replica_groups=mesh['axis_0'=1,'axis_1'=8,'axis_2'=32], device_ids=([8,32]T(1,0)) {'axis_1'}, dimensions={0}
   %while.8 = (s32[], f32[1024]) while(%init), condition=%cond.7, body=%body.7
   ROOT %r = f32[] constant(0)
 }
@@ -56,9 +57,11 @@ ENTRY %main.1 (param: f32[128,512]) -> f32[] {
 
 def test_collectives_are_merged_by_channel_and_counted_over_rings():
   by_channel = {c["name"]: c for c in pc.collectives(HLO, 256)}
-  assert len(by_channel) == 5   # one gather in three places, the async all-reduce once, the scatter, a gather, the loop's
+  assert len(by_channel) == 6   # a gather in three places, the async all-reduce, the scatter, two gathers, the loop's
+  reordered = next(c for c in by_channel.values() if c["name"] == "%all-gather.7")
+  assert reordered["group"] == 8 and reordered["moved"] == pytest.approx(64 * 256 * 2 * 7 / 8)
   gather = next(c for c in by_channel.values() if c["kind"] == "all-gather" and c["pieces"] > 1)
-  fsdp_gather = next(c for c in by_channel.values() if c["kind"] == "all-gather" and c["pieces"] == 1)
+  fsdp_gather = by_channel["%all-gather.6"]
   assert fsdp_gather["group"] == 16 and fsdp_gather["moved"] == pytest.approx(768 * 3072 * 2 * 15 / 16)
   assert gather["pieces"] == 3 and gather["bytes"] == 32768 * 512 * 2
   assert gather["moved"] == pytest.approx(32768 * 512 * 2 * 255 / 256)
