@@ -99,7 +99,7 @@ def test_losses_sharded_equal_unsharded(devices):
   from jax.sharding import NamedSharding, PartitionSpec as P
   from ncjax.sharding import make_mesh
   import ml_collections
-  mesh = make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1)))
+  mesh = make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1)), devices)
   rng = np.random.default_rng(5)
   v = _normalise(rng.normal(size=(64, 16))).astype(np.float32)
   t = _normalise(rng.normal(size=(64, 16))).astype(np.float32)
@@ -124,7 +124,7 @@ def test_masked_row_sum_diagonal_is_bitwise_jnp_diagonal_and_its_sharded_gradien
   w = jnp.asarray(rng.normal(size=(64,)).astype(np.float32))
   grad = jax.grad(lambda x: jnp.sum(w * diagonal(x)))(jnp.asarray(m))
   np.testing.assert_array_equal(np.asarray(grad), np.diag(np.asarray(w)))
-  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
   row_sharded = jax.device_put(jnp.asarray(np.nan_to_num(m)), NamedSharding(mesh, P("data")))
   hlo = jax.jit(jax.grad(lambda x: jnp.sum(w * diagonal(x)))).lower(row_sharded).compile().as_text()
   for op in ("scatter", "conditional", "all-gather", "all-reduce"):

@@ -36,7 +36,7 @@ def test_gmm_matches_sklearn(seed):
 def test_gmm_sharded_equals_unsharded_and_ignores_masked_padding(devices):
   from jax.sharding import NamedSharding, PartitionSpec as P
   x, _ = _bimodal(n=4000)
-  mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+  mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
   xs = jax.device_put(x, NamedSharding(mesh, P("d")))
   a, b = gmm.fit(x), gmm.fit(xs)
   np.testing.assert_allclose(np.asarray(a.means), np.asarray(b.means), atol=1e-5)

@@ -11,9 +11,11 @@ from ncjax import train
 
 
 def test_sharded_step_equals_single_device_step(tmp_path, devices):
+  """8 devices == 1. The single device is JAX's default backend's first: on a GPU host's slice of the suite
+  (NCJAX_TEST_ACCELERATOR=1, benchmarks/accelerator/run.sh) the GPU against the 8 simulated CPU devices."""
   cfg = tiny_clip_config(total_steps=3)
-  sharded = train.train(cfg, str(tmp_path / "eight"))
-  single = train.train(cfg, str(tmp_path / "one"), devices=devices[:1])
+  sharded = train.train(cfg, str(tmp_path / "eight"), devices=devices)
+  single = train.train(cfg, str(tmp_path / "one"), devices=jax.devices()[:1])
   assert sharded.experiment.mesh.devices.size == 8 and single.experiment.mesh.devices.size == 1
   _assert_trees_equal(_params(sharded), _params(single), exact=False, atol=2e-5)
   assert sharded.metrics["loss"] == pytest.approx(single.metrics["loss"], rel=1e-5)
