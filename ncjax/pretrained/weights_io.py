@@ -82,8 +82,9 @@ def _require_torch(path: str):
   try:
     import torch
   except ImportError:
-    raise ImportError(f"reading {path} (a PyTorch checkpoint) needs torch: pip install 'ncjax[torch]' (a CPU "
-                      f"build is enough), or convert the file to .safetensors") from None
+    raise errors.MissingDependency(f"reading {path} (a PyTorch checkpoint) needs torch: pip install "
+                                   f"'ncjax[torch]' (a CPU build is enough), or convert the file to .safetensors"
+                                   ) from None
   return torch
 
 

@@ -288,6 +288,18 @@ def test_bf16_safetensors_read_without_torch(tmp_path):
   assert back["scalar"].shape == () and float(back["scalar"]) == 2.5
 
 
+def test_a_pytorch_checkpoint_without_torch_is_a_missing_dependency(tmp_path, monkeypatch):
+  """On a host without torch (a Python 3.12 environment here has none), a .pt file is one line with exit status 7
+  naming the extra, not an ImportError's traceback and status 1."""
+  from ncjax import errors
+  path = tmp_path / "model.pt"
+  path.write_bytes(b"PK")
+  monkeypatch.setitem(__import__("sys").modules, "torch", None)    # `import torch` raises ImportError
+  with pytest.raises(errors.MissingDependency, match=r"needs torch: pip install 'ncjax\[torch\]'") as e:
+    read_tensors(str(path))
+  assert e.value.status == 7
+
+
 @pytest.mark.slow
 def test_vit_b32_parity_open_clip_and_openai_layout(tmp_path):
   ref = rm.import_open_clip().create_model("ViT-B-32", pretrained=None).eval()
