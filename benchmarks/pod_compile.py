@@ -151,6 +151,14 @@ def build_step(model: str, devices, global_batch: int, *, remat: bool = False, f
   return prog, batch, mesh, method, abstract_params
 
 
+def model_flops(model: str, global_batch: int) -> float:
+  """The analytic model FLOPs of a configuration's step (no remat), from its config's model spec alone."""
+  from ncjax import models
+  from benchmarks import flops as flops_lib
+  spec = models.ModelSpec.from_config(_config(model, global_batch, remat=False, fsdp=1).model)
+  return flops_lib.train_step_flops(spec, global_batch, method=MODELS[model][3])
+
+
 def compile_step(model: str, devices, global_batch: int, *, remat: bool = False, fsdp: int = 1):
   import jax
   prog, batch, mesh, method, abstract_params = build_step(model, devices, global_batch, remat=remat, fsdp=fsdp)
@@ -334,6 +342,7 @@ def measure(model: str, slice_name: str, mesh_kind: str, batch_per_chip: int, *,
           + mem.generated_code_size_in_bytes)
   method_name = MODELS[model][3]
   analytic = flops_lib.train_step_flops(spec, global_batch, method=method_name, remat=remat) / chips
+  record["flops_model"] = flops_lib.train_step_flops(spec, global_batch, method=method_name) / chips
   hlo = compiled.as_text()
   if hlo_dir:
     import gzip
@@ -369,9 +378,10 @@ def roofline(record: dict, chip: Chip) -> dict:
   hbm = record["hbm_bytes"] / chip.hbm_bandwidth
   ici = record["collective_bytes"] / chip.ici_bandwidth
   step = max(compute, hbm) + ici
+  model_flops = record.get("flops_model", record["flops_analytic"])   # without remat's recomputed forward
   return dict(seconds_compute=compute, seconds_hbm=hbm, seconds_ici=ici, step_seconds=step,
-              mfu=record["flops_analytic"] / chip.bf16_flops / step,
-              mfu_compute_bound=record["flops_analytic"] / chip.bf16_flops / (compute + ici))
+              mfu=model_flops / chip.bf16_flops / step,
+              mfu_compute_bound=model_flops / chip.bf16_flops / (compute + ici))
 
 
 FSDP = {"v5e256": 16, "v5p128": 8, "v5e4": 2, "cpu8": 2}
@@ -465,6 +475,18 @@ LATE = [("ncu_vit_b16", "v5e256", "fsdp", False), ("ncu_vit_b16", "v5p128", "fsd
         ("gsc_vit_b16", "v5e256", "fsdp", False), ("gsc_vit_b16", "v5p128", "fsdp", False)]
 
 
+def upgrade(results: dict) -> dict:
+  """Records written by an earlier version of this file, brought up to this one's readings without compiling:
+  loop bodies counted per iteration, the model FLOPs beside the analytic count."""
+  for r in results.values():
+    if isinstance(r, dict) and "collectives" in r and ("loop_trips" not in r or "flops_model" not in r):
+      r["loop_trips"] = LOOP_TRIPS.get(r["model"], 1)
+      r["collective_bytes"] = collective_total(r["collectives"], r["loop_trips"])
+      r["flops_model"] = model_flops(r["model"], r["global_batch"]) / r["chips"]
+      r.update(roofline(r, SLICES[r["slice"]][1]))
+  return results
+
+
 def run_all(json_path: str, *, only: set | None = None, search: bool = True, quick: bool = False) -> dict:
   """Every configuration (skipping those already in `json_path`, so an interrupted run continues), written after
   each compile."""
@@ -472,11 +494,7 @@ def run_all(json_path: str, *, only: set | None = None, search: bool = True, qui
   if os.path.exists(json_path):
     with open(json_path) as f:
       results = json.load(f)
-    for r in results.values():     # records of an earlier version of this file: the loop counting above
-      if isinstance(r, dict) and "collectives" in r and "loop_trips" not in r:
-        r["loop_trips"] = LOOP_TRIPS.get(r["model"], 1)
-        r["collective_bytes"] = collective_total(r["collectives"], r["loop_trips"])
-        r.update(roofline(r, SLICES[r["slice"]][1]))
+    upgrade(results)
   devices = {}
 
   def save():
@@ -550,7 +568,7 @@ def main(argv=None):
   if args.report_only:
     from benchmarks import pod_report
     with open(args.json) as f:
-      results = json.load(f)
+      results = upgrade(json.load(f))
     with open(args.note, "w") as f:
       f.write(pod_report.markdown(results, versions=_versions()))
     return 0

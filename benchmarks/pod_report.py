@@ -106,8 +106,9 @@ def markdown(results: dict, *, versions: str = "") -> str:
          f"the chip's HBM, and a roofline: compute at the chip's bf16 peak / HBM traffic at its bandwidth for "
          f"XLA's bytes-accessed estimate / collectives at its ICI bandwidth (v5e: 197 TFLOP/s, 16 GiB, 819 GB/s, "
          f"400 GB/s; v5p: 459 TFLOP/s, 95 GiB, 2,765 GB/s, 600 GB/s — Google Cloud's TPU v5e and v5p pages). "
-         f"MFU: the analytic FLOPs over the compute-bound time (compute + ICI) / over the time with XLA's HBM "
-         f"estimate (max(compute, HBM) + ICI).\n",
+         f"MFU: the model FLOPs (no recomputation) over the compute-bound time (compute + ICI) / over the time "
+         f"with XLA's HBM estimate (max(compute, HBM) + ICI). With remat the analytic count adds one recomputed "
+         f"forward of every block (an upper bound: XLA recomputes less).\n",
          "| step | slice | mesh | pairs/chip | params (M) | TFLOP/chip compiled / analytic | collective GiB/chip "
          "/ minimum | peak GiB of HBM | ms: compute / HBM (XLA est.) / ICI | MFU: compute-bound / with HBM "
          "est. | compile s |",
