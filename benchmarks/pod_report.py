@@ -44,9 +44,12 @@ FINDINGS = """
    minimum above counts them so), rounded in bf16 along the ring over 256 chips. A float32 reduction would double
    the gradient traffic (665 -> ~1,330 MiB per chip per step, ~3 ms of ICI); not changed here.
 6. **Memory.** ViT-B/16 at 128 pairs per chip takes 14.5 GiB of a v5e chip's 16 (the compiler allows 15.75 GiB):
-   it fits, NCU's and GSC's steps too. ViT-L/14 at 128 per chip does not fit a v5e chip, even with remat: 27.6 /
+   it fits, NCU's and GSC's steps too — and 128 is the edge: at 136 the compiler still accepts the step but
+   rematerialises on its own to do so (1.029x the analytic FLOPs, 1.074x at 144, 1.15x from 168 up to the largest
+   batch it accepts), so a larger batch per v5e chip wants `model.remat=True` (recomputing every block, planned)
+   rather than the compiler's choice. ViT-L/14 at 128 per chip does not fit a v5e chip, even with remat: 27.6 /
    16.0 GiB of temporaries — 428 M float32 parameters, their AdamW moments and gradients replicated on every chip
-   take 6.4 GiB before any activation; with FSDP the state is split 16 ways.
+   take 6.4 GiB before any activation; with FSDP (16) and remat the step takes 7.8 GiB.
 7. **The HBM term is XLA's estimate, and pessimistic.** The compiler's "bytes accessed" (208 GB per chip per step
    for ViT-B/16 at 128 per chip: 253 ms at 819 GB/s against 81 ms of compute) counts every fusion's operands and
    results, also buffers it keeps in on-chip memory; were it right, the step would be memory-bound at ~31% MFU. The

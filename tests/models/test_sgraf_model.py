@@ -92,7 +92,7 @@ def test_intra_modal_structures_are_symmetric_with_one_self_similarity():
 
 # --- GSC's intra-modal structures, restated from the public code ----------------------------------------------------
 def _np_linear(layer, x):
-  return x @ np.asarray(layer.kernel.value, np.float64) + np.asarray(layer.bias.value, np.float64)
+  return x @ np.asarray(layer.kernel[...], np.float64) + np.asarray(layer.bias[...], np.float64)
 
 
 def _np_l2norm(x, axis=-1):
@@ -166,7 +166,7 @@ def test_gsc_structures_equal_a_restatement_of_the_public_forward_topology():
   query (until 2026-11-25 ncjax returned the transpose, which this test tells apart: the check below)."""
   head = sgraf.SimilarityHead(8, 6, kind="sgr", rngs=nnx.Rngs(3))
   for layer in (head.sim_local, head.sim_global):   # zero biases, as SGRAF's init_weights: then an item against
-    layer.bias.value = jnp.zeros_like(layer.bias.value)   # itself scores through the code's + 1e-6 alone
+    layer.bias[...] = jnp.zeros_like(layer.bias[...])   # itself scores through the code's + 1e-6 alone
   rng = np.random.default_rng(7)
   lens = [4, 6, 2, 5, 3]
   mask = np.arange(6)[None, :] < np.asarray(lens)[:, None]
@@ -206,7 +206,7 @@ def test_the_public_codes_initialisation_is_the_default_and_flax_a_named_option(
              and not any(p in str(name) for p in ("gru",))]
   assert len(linears) >= 10
   for name, layer in linears:
-    w, b = np.asarray(layer.kernel.value), np.asarray(layer.bias.value)
+    w, b = np.asarray(layer.kernel[...]), np.asarray(layer.bias[...])
     limit = np.sqrt(6.0 / sum(w.shape))
     assert np.all(b == 0) and np.abs(w).max() <= limit, name
     if w.size >= 64:   # a uniform's spread: limit / sqrt(3)
@@ -214,11 +214,11 @@ def test_the_public_codes_initialisation_is_the_default_and_flax_a_named_option(
   gru = public.txt.gru
   h = gru.hidden
   for layer in (gru.fwd_in, gru.fwd_h, gru.bwd_in, gru.bwd_h):
-    for v in (np.asarray(layer.kernel.value), np.asarray(layer.bias.value)):
+    for v in (np.asarray(layer.kernel[...]), np.asarray(layer.bias[...])):
       assert np.abs(v).max() <= 1 / np.sqrt(h) and v.std() > 0.45 / np.sqrt(h) / np.sqrt(3)
   # flax's defaults differ: a Gaussian (lecun-normal), not bounded by the xavier limit everywhere
-  w = np.asarray(flax.head.sim_local.kernel.value)
-  assert not np.array_equal(w, np.asarray(public.head.sim_local.kernel.value))
-  assert np.abs(np.asarray(flax.txt.gru.fwd_h.bias.value)).max() == 0
+  w = np.asarray(flax.head.sim_local.kernel[...])
+  assert not np.array_equal(w, np.asarray(public.head.sim_local.kernel[...]))
+  assert np.abs(np.asarray(flax.txt.gru.fwd_h.bias[...])).max() == 0
   with pytest.raises(ValueError, match="unknown model.region.init 'torch'"):
     _model(init="torch")
