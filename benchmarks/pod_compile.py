@@ -483,7 +483,8 @@ MAIN = [("clip_vit_b16", "v5e256", "data", False), ("clip_vit_b16", "v5p128", "d
         ("gsc_vit_b16", "v5e256", "data", False), ("gsc_vit_b16", "v5p128", "data", False),
         ("clip_vit_b16", "v5e256", "fsdp", False), ("clip_vit_b16", "v5p128", "fsdp", False),
         ("clip_vit_l14", "v5e256", "fsdp", True), ("clip_vit_l14", "v5p128", "fsdp", False)]
-SEARCH = [("clip_vit_b16", "v5e256"), ("clip_vit_b16", "v5p128"), ("clip_vit_l14", "v5e256"), ("clip_vit_l14", "v5p128")]
+SEARCH = [("clip_vit_b16", "v5e256"), ("clip_vit_b16", "v5p128"), ("clip_vit_l14", "v5e256"),
+          ("clip_vit_l14", "v5p128")]
 LATE = [("ncu_vit_b16", "v5e256", "fsdp", False), ("ncu_vit_b16", "v5p128", "fsdp", False),
         ("gsc_vit_b16", "v5e256", "fsdp", False), ("gsc_vit_b16", "v5p128", "fsdp", False)]
 

@@ -124,7 +124,8 @@ def markdown(results: dict, *, versions: str = "") -> str:
          f"data-parallel minimum (the gradients' reduction in the dtype the program reduces them in — bf16 for "
          f"the weights the towers use in bf16, float32 for the rest — plus one bf16 gather of an N x D "
          f"embedding matrix and the reduce-scatter of its float32 gradient; with FSDP plus the parameters "
-         f"gathered twice; collectives inside NCU's Sinkhorn loops counted 100 times, its iteration limit), XLA's memory analysis (arguments + outputs − aliased + temporaries + code) against "
+         f"gathered twice; collectives inside NCU's Sinkhorn loops counted 100 times, its iteration limit), XLA's "
+         f"memory analysis (arguments + outputs − aliased + temporaries + code) against "
          f"the chip's HBM, and a roofline: compute at the chip's bf16 peak / HBM traffic at its bandwidth for "
          f"XLA's bytes-accessed estimate / collectives at its ICI bandwidth (v5e: 197 TFLOP/s, 16 GiB, 819 GB/s, "
          f"400 GB/s; v5p: 459 TFLOP/s, 95 GiB, 2,765 GB/s, 600 GB/s — Google Cloud's TPU v5e and v5p pages). "
@@ -179,7 +180,8 @@ def markdown(results: dict, *, versions: str = "") -> str:
   out += ["\n## What a run costs (at the rows above)\n",
           "Pairs per second of the slice and chip-hours per billion pairs seen, at the compute-bound time and at the "
           "time with XLA's HBM estimate (the truth lies between; a run on the slice decides).\n",
-          "| step | slice | mesh | pairs/s (compute-bound / HBM est.) | chip-hours per 1e9 pairs |", "|---|---|---|---|---|"]
+          "| step | slice | mesh | pairs/s (compute-bound / HBM est.) | chip-hours per 1e9 pairs |",
+          "|---|---|---|---|---|"]
   for r in rows:
     if "flops_compiled" not in r:
       continue

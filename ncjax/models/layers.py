@@ -71,8 +71,8 @@ def resolve_attention(kind: str, *, dtype, head_dim: int, platform: str | None =
   if kind == "cudnn":
     why = cudnn_refusal(dtype=dtype, head_dim=head_dim, platform=platform)
     if why is not None:
-      raise errors.ConfigurationError(f"model.attention='cudnn' cannot run: {why}; model.attention='auto' picks cuDNN where it "
-                       f"can and the einsum path elsewhere")
+      raise errors.ConfigurationError(f"model.attention='cudnn' cannot run: {why}; model.attention='auto' picks "
+                                      f"cuDNN where it can and the einsum path elsewhere")
   return kind
 
 
