@@ -498,10 +498,17 @@ def upgrade(results: dict) -> dict:
       r["collective_bytes"] = collective_total(r["collectives"], r["loop_trips"])
       r["flops_model"] = model_flops(r["model"], r["global_batch"]) / r["chips"]
       r.update(roofline(r, SLICES[r["slice"]][1]))
+  for key, r in results.items():   # each configuration's record carries its largest batches (data-parallel search)
+    if isinstance(r, dict) and r.get("name") == key:
+      found = results.get(config_name(r["model"], r["slice"], "data") + "_max_batch")
+      r["max_batch_per_chip"] = (None if found is None or r["mesh"] != "data" else
+                                 {"remat": (found.get("True") or {}).get("max_batch"),
+                                  "no_remat": (found.get("False") or {}).get("max_batch")})
   return results
 
 
-def run_all(json_path: str, *, only: set | None = None, search: bool = True, quick: bool = False) -> dict:
+def run_all(json_path: str, *, only: set | None = None, search: bool = True, quick: bool = False,
+            cpu: bool = False) -> dict:
   """Every configuration (skipping those already in `json_path`, so an interrupted run continues), written after
   each compile."""
   results = {}
@@ -544,7 +551,9 @@ def run_all(json_path: str, *, only: set | None = None, search: bool = True, qui
       save()
 
   if quick:
-    main_rows([("clip_micro", "v5e4" if has_libtpu() else "cpu8", "data", False)])
+    main_rows([("clip_micro", "v5e4" if has_libtpu() and not cpu else "cpu8", "data", False)])
+    upgrade(results)
+    save()
     return results
   main_rows(MAIN)
   if search:
@@ -556,6 +565,8 @@ def run_all(json_path: str, *, only: set | None = None, search: bool = True, qui
                                       for remat in (False, True)}
       save()
   main_rows(LATE)
+  upgrade(results)
+  save()
   return results
 
 
@@ -577,12 +588,17 @@ def main(argv=None):
   parser.add_argument("--only", default="", help="comma-separated configuration names (default: all)")
   parser.add_argument("--no_search", action="store_true", help="skip the largest-batch search")
   parser.add_argument("--quick", action="store_true", help="a micro model on v5e:2x2 (the test's path)")
+  parser.add_argument("--cpu", action="store_true", help="--quick on the 8 simulated CPU devices even with libtpu")
   parser.add_argument("--report_only", action="store_true", help="write --note from --json without compiling")
   args = parser.parse_args(argv)
   if args.report_only:
     from benchmarks import pod_report
     with open(args.json) as f:
       results = upgrade(json.load(f))
+    tmp = args.json + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(results, f, indent=1)
+    os.replace(tmp, args.json)
     with open(args.note, "w") as f:
       f.write(pod_report.markdown(results, versions=_versions()))
     return 0
@@ -590,7 +606,7 @@ def main(argv=None):
   runtime.configure_cpu_devices(8)    # the cpu8 slice (--quick without libtpu); TPU topologies need no devices
   os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
   only = set(filter(None, args.only.split(","))) or None
-  results = run_all(args.json, only=only, search=not args.no_search, quick=args.quick)
+  results = run_all(args.json, only=only, search=not args.no_search, quick=args.quick, cpu=args.cpu)
   if args.note:
     from benchmarks import pod_report
     with open(args.note, "w") as f:

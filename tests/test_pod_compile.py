@@ -118,6 +118,7 @@ def test_a_micro_step_compiles_for_a_tpu_v5e_slice(tmp_path):
                         env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   record = json.loads(out.read_text())["clip_micro_v5e4_data"]
+  assert "max_batch_per_chip" in record      # --json's fields, as the issue lists them
   assert record["chip"] == "TPU v5e" and record["chips"] == 4 and record["fits"]
   assert 1.0 < record["flops_compiled"] / record["flops_analytic"] < 1.5
   assert record["collective_bytes"] > 0 and np.isfinite(record["mfu"])
@@ -154,6 +155,17 @@ def test_the_largest_batch_search_finds_the_last_multiple_of_8_the_compiler_acce
   accepted = [b for b in range(8, 8192, 8) if a + s * b + q * b * b + args <= 1.3 * chip.hbm_bytes]
   assert out["largest_accepted"] <= max(accepted) and out["flops_ratio_at_largest_accepted"] in (1.006, 1.15)
   assert len(set(calls)) <= 11
+
+
+def test_quick_writes_the_records_json_promises(tmp_path):
+  """`--quick --cpu --json=FILE` (or --quick without libtpu): the micro step on the simulated CPU devices, every field --json lists."""
+  out = tmp_path / "pc.json"
+  pc.run_all(str(out), quick=True, cpu=True)
+  record = json.loads(out.read_text())["clip_micro_cpu8_data"]
+  for key in ("flops_compiled", "flops_analytic", "collective_bytes", "collective_bytes_min", "peak_bytes",
+              "hbm_bytes", "max_batch_per_chip", "params", "chips", "batch_per_chip", "remat"):
+    assert key in record, key
+  assert record["max_batch_per_chip"] is None and record["flops_model"] == pytest.approx(record["flops_analytic"])
 
 
 def test_collectives_in_a_loop_count_once_per_iteration():
