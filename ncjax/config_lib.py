@@ -156,7 +156,8 @@ def base_config() -> ml_collections.ConfigDict:
       # input.dataset='web:ROOT[::ROOT2...]' (img2dataset output, ncjax.data.web.pipeline): mode 'auto' (indexed
       # when built, else streamed) | 'index' | 'stream'; read (indexed): 'auto' (block on an object store, else
       # pair) | 'pair' (one ranged read per pair, a global shuffle for any process count) | 'block' (blocks of
-      # `block` consecutive pairs per ranged read, shuffled in windows of `shuffle_pairs` pairs per process);
+      # `block` consecutive pairs per ranged read, shuffled in windows of max(`shuffle_pairs`, `window_batches` x
+      # the per-process batch) pairs per process);
       # weights 'w1::w2' of a mixture (default: the datasets' sizes); resample: streamed shards drawn with
       # replacement; window shard segments read interleaved through a shuffle buffer of `buffer` pairs; mix_block:
       # positions per mixture block; caption_key / clean_key of the .json; cache_dir: the host's copy of a gs://
@@ -164,13 +165,17 @@ def base_config() -> ml_collections.ConfigDict:
       # decoder: 'pil' or 'simplejpeg' (JPEGs; pip install 'ncjax[web]'); workers: decode processes (0: the
       # input.num_threads threads of the training process; -1: one per usable core); max_inflight: ranged reads
       # in flight; io_deadline_s: how long a read retries a store that does not answer before the run stops;
+      # request_timeout_s: one request to the store at most (a stalled connection is a fault, retried);
       # filter: a directory written by `ncjax filter` (the pairs to train on, chosen by their audit scores; ids stay
-      # the unfiltered data's: ncjax.data.web.subset), '' trains on every pair.
-      web=ml_collections.ConfigDict(dict(mode="auto", read="auto", block=64, shuffle_pairs=4096, weights="",
+      # the unfiltered data's: ncjax.data.web.subset), '' trains on every pair; max_skipped_fraction: more bad
+      # records (each replaced by a repeat) than this fraction of the pairs read stops the run with one line.
+      web=ml_collections.ConfigDict(dict(mode="auto", read="auto", block=64, shuffle_pairs=4096, window_batches=16,
+                                         weights="",
                                          resample=False, window=8, buffer=2048, mix_block=1000,
                                          caption_key="caption", clean_key="", cache_dir="",
                                          vocab_captions=200_000, max_vocab=65_536, decoder="pil", workers=0,
-                                         max_inflight=64, io_deadline_s=300.0, filter="")),
+                                         max_inflight=64, io_deadline_s=300.0, request_timeout_s=60.0, filter="",
+                                         max_skipped_fraction=0.01)),
   ))
 
   # Noise applied to the training pairs; the ground-truth clean flag is kept for diagnostics only.

@@ -239,6 +239,21 @@ class PermutedNoise:
       out[noisy] = p.inverse(np.asarray(target, np.int64))
     return out
 
+  def holder_of(self, ids) -> np.ndarray:
+    """The pair whose caption is shown with the image of `ids` (image_of's inverse)."""
+    ids = np.asarray(ids, np.int64)
+    p, q = self._perms
+    out = ids.copy()
+    if q is None:
+      return out
+    rank = np.asarray(p(ids), np.int64).reshape(ids.shape)
+    noisy = rank < q.n
+    if noisy.any():
+      r = rank[noisy]
+      source = q((q.inverse(r) - 1) % q.n) if self.derangement else q.inverse(r)
+      out[noisy] = p.inverse(np.asarray(source, np.int64))
+    return out
+
   def clean(self, ids) -> np.ndarray:
     return self.image_of(ids) == np.asarray(ids, np.int64)
 
@@ -256,36 +271,46 @@ class PermutedNoise:
                 derangement=self.derangement, n_captions=self.n)
 
 
-@functools.lru_cache(maxsize=8192)
-def _block_partners(n: int, ratio: float, seed: int, block: int, derangement: bool, b: int) -> np.ndarray:
-  lo = b * block
-  m = min(block, n - lo)
-  count = int(np.floor(ratio * (lo + m))) - int(np.floor(ratio * lo))   # the running totals telescope to floor(r n)
-  rng = np.random.Generator(np.random.PCG64([int(seed), int(b), BlockNoise.TAG]))
-  chosen = rng.permutation(m)[:count]
-  out = np.arange(m, dtype=np.int64)
-  if count:
-    out[chosen] = np.roll(chosen, 1) if derangement else chosen[rng.permutation(count)]
-  out.setflags(write=False)
-  return out + lo
+def _spread(t: int, sizes: list[int]) -> list[int]:
+  """t items over bins of these sizes as evenly as possible (none over its size)."""
+  take, left = [0] * len(sizes), t
+  while left:
+    open_bins = [i for i in range(len(sizes)) if take[i] < sizes[i]]
+    if not open_bins:
+      break
+    for i in sorted(open_bins, key=lambda i: take[i])[:left]:
+      take[i] += 1
+      left -= 1
+  return take
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockNoise:
-  """NCR's caption-level protocol inside blocks of `block` consecutive ids — the noise of web data read in blocks
-  (input.web.read='block', ncjax.data.web.pipeline), where a caption's partner image comes from its own block, which
-  the reader fetches whole anyway: no request per noisy pair. Block b = ids [b K, min((b + 1) K, n)) gets
-  floor(r (b K + m)) - floor(r b K) noisy captions (m its length: exactly floor(r n) over the dataset, 25 or 26 of 64
-  at r = 0.4), chosen by a permutation drawn from (seed, b), their images permuted among themselves (a few keep
-  their own, as NCR's; derangement=True: a single cycle, every chosen caption changes image). A static function of
-  the id: the same pairs are noisy in every epoch, for any process count or read order."""
+  """NCR's caption-level protocol for data read in blocks of `block` consecutive ids (input.web.read='block',
+  ncjax.data.web.pipeline), with the partners a block reader can afford and NCR's statistics.
+
+  Blocks are paired once for the whole run by an on-demand permutation pi of the whole blocks (ids [b K, (b+1) K)):
+  group g < F // 2 is the blocks pi(2g), pi(2g+1) — two blocks from random places of the dataset, never shard
+  neighbours — and one last group holds what is left (pi(F-1) when the F whole blocks are odd, and the short last
+  block). Group g (2K ids; P_g = 2 K g ids before it) has t_g = 2 (floor(r P_{g+1} / 2) - floor(r P_g / 2)) noisy
+  captions, the first group with t_g > 0 one more when floor(r n) is odd: exactly floor(r n) over the dataset (for
+  any n except floor(r n) = 1, which no derangement can move). Its noisy captions, about half from each block and
+  chosen by a permutation drawn from (seed, g), form one cycle that alternates between the two blocks, and each is
+  shown the image of the next: every noisy caption is shown another pair's image (a derangement: floor(r n) of n
+  captions, not NCR's few fixed points) from the *other* block of its group (at most one caption per dataset, where
+  a group's count is odd, keeps a partner of its own block). The block order (ncjax.data.web.mixture.BlockOrder)
+  lists a group's blocks together, so the partner's block is read anyway; the reader reads it wherever it is not.
+  A noisy caption's own image is then shown with the previous caption of its cycle (`holder_of`), which the window
+  deal keeps out of its batch (ncjax.data.web.pipeline). A static function of the id: the same pairs are noisy in
+  every epoch, for any process count or read order."""
   n: int
   ratio: float
   seed: int
   block: int
-  derangement: bool = False
+  dataset: int = 0      # a mixture's dataset: its own draws
 
   TAG = 0x626E6F69   # 'bnoi'
+  PAIRS = 0x62706169  # 'bpai'
 
   def __post_init__(self):
     if not 0.0 <= self.ratio <= 1.0:
@@ -293,35 +318,205 @@ class BlockNoise:
     if self.block < 1:
       raise ValueError(f"noise block must be >= 1, got {self.block}")
 
+  # --- the groups: units of the block order ----------------------------------------------------------------------
   @property
   def num_noisy(self) -> int:
-    return int(np.floor(self.ratio * self.n))
+    """floor(r n) — but 0 where that is 1 (one caption cannot be shown another's image alone)."""
+    count = int(np.floor(self.ratio * self.n))
+    return 0 if count == 1 else count
 
-  def image_of(self, ids) -> np.ndarray:
-    """The pair whose image caption `ids` is shown with (always of the same block)."""
+  @functools.cached_property
+  def _layout(self):
+    k = self.block
+    whole = self.n // k                       # F whole blocks
+    short = self.n - whole * k                # the last block's length, 0 when every block is whole
+    # whole blocks in pairs; what is left (an odd whole block, the short block) joins the last pair, so that every
+    # group has two blocks or more whenever the dataset has two
+    regular = whole // 2
+    last = list(range(2 * regular, whole)) + ([whole] if short else [])
+    if len(last) == 1 and regular:
+      regular -= 1
+      last = [2 * regular, 2 * regular + 1] + last
+    from ncjax.data.web.permutation import Permutation
+    pi = Permutation(whole, self.seed, self.PAIRS, self.dataset) if whole else None
+    return whole, short, regular, last, pi
+
+  @property
+  def unit(self) -> int:
+    """Ids per group but the last (the block order's unit)."""
+    return 2 * self.block
+
+  @property
+  def num_units(self) -> int:
+    _, _, regular, last, _ = self._layout
+    return regular + (1 if last else 0)
+
+  @property
+  def last_size(self) -> int:
+    """Ids of the last group (== unit when every group is regular)."""
+    _, _, regular, last, _ = self._layout
+    return self.n - regular * self.unit if last else self.unit
+
+  def _members(self, g: int) -> list[int]:
+    whole, short, regular, last, pi = self._layout
+    if g < regular:
+      return [int(pi(2 * g)), int(pi(2 * g + 1))]
+    return [int(pi(b)) if b < whole else b for b in last]   # `last` lists slots of pi, then the short block
+
+  def _block_size(self, b: int) -> int:
+    return min(self.block, self.n - b * self.block)
+
+  def ids_of_units(self, units, within) -> np.ndarray:
+    """The id at offset `within` of group `units` (the block order's map from its units to ids)."""
+    units, within = np.asarray(units, np.int64), np.asarray(within, np.int64)
+    whole, _, regular, _, pi = self._layout
+    k = self.block
+    out = np.empty(np.broadcast(units, within).shape, np.int64)
+    reg = units < regular
+    if reg.any():
+      second = within[reg] >= k
+      blocks = np.asarray(pi(2 * units[reg] + second), np.int64)
+      out[reg] = blocks * k + within[reg] - second * k
+    if (~reg).any():
+      members = self._members(regular)
+      bounds = np.cumsum([0] + [self._block_size(b) for b in members])
+      w = within[~reg]
+      slot = np.searchsorted(bounds, w, side="right") - 1
+      out[~reg] = np.asarray(members, np.int64)[slot] * k + w - bounds[slot]
+    return out
+
+  def group_of(self, ids) -> np.ndarray:
+    ids = np.asarray(ids, np.int64)
+    whole, _, regular, _, pi = self._layout
+    blocks = ids // self.block
+    out = np.full(ids.shape, regular, np.int64)
+    inside = blocks < whole
+    if inside.any():
+      out[inside] = np.minimum(np.asarray(pi.inverse(blocks[inside]), np.int64) // 2, regular)
+    return out
+
+  # --- the noise -------------------------------------------------------------------------------------------------
+  def _count(self, g: int) -> int:
+    """t_g (see the class docstring)."""
+    r, unit = self.ratio, self.unit
+    prefix = lambda h: self.n if h >= self.num_units else h * unit
+    t = 2 * (int(np.floor(r * prefix(g + 1) / 2)) - int(np.floor(r * prefix(g) / 2)))
+    if self.num_noisy % 2 and g == self._odd_group:
+      t += 1
+    return t
+
+  @functools.cached_property
+  def _odd_group(self) -> int:
+    """The first group with two noisy captions or more (it takes the odd one when floor(r n) is odd)."""
+    if not self.ratio or self.num_noisy < 2:
+      return 0
+    g = max(0, int(np.ceil(1.0 / (self.ratio * self.block))) - 2)
+    while 2 * (int(np.floor(self.ratio * min(self.n, (g + 1) * self.unit) / 2)) -
+               int(np.floor(self.ratio * min(self.n, g * self.unit) / 2))) == 0:
+      g += 1
+    return g
+
+  @functools.lru_cache(maxsize=4096)
+  def _group(self, g: int):
+    """(sorted ids of group g, the pair each one's caption is shown with, the caption each one's image is shown
+    with), read-only."""
+    members = self._members(g)
+    ids = np.sort(np.concatenate([np.arange(b * self.block, b * self.block + self._block_size(b)) for b in members]))
+    t = min(self._count(g), len(ids))
+    rng = np.random.Generator(np.random.PCG64([int(self.seed), int(self.dataset), int(g), self.TAG]))
+    image = ids.copy()
+    if t >= 2:
+      per_block = [rng.permutation(ids[ids // self.block == b]) for b in members]
+      take = _spread(t, [len(x) for x in per_block])
+      # one cycle through the blocks in turn (a1 b1 a2 b2 ...): each caption's partner is of another block, but
+      # where one block has more noisy captions than the others (a short block, an odd count)
+      cycle = np.concatenate([x[:c] for x, c in zip(per_block, take)])
+      turn = np.concatenate([np.arange(c) for c in take])
+      cycle = cycle[np.argsort(turn, kind="stable")]
+      where = np.searchsorted(ids, cycle)
+      image[where] = np.roll(cycle, -1)   # caption cycle[i] is shown the image of cycle[i + 1]
+    holder = ids.copy()
+    holder[np.searchsorted(ids, image)] = ids
+    for a in (ids, image, holder):
+      a.setflags(write=False)
+    return ids, image, holder
+
+  def _lookup(self, ids, column: int) -> np.ndarray:
     ids = np.asarray(ids, np.int64)
     flat = ids.reshape(-1)
     out = np.empty_like(flat)
-    blocks, within = np.divmod(flat, self.block)
-    for b in np.unique(blocks):
-      sel = blocks == b
-      out[sel] = _block_partners(self.n, float(self.ratio), int(self.seed), int(self.block), bool(self.derangement),
-                                 int(b))[within[sel]]
+    groups = self.group_of(flat)
+    for g in np.unique(groups):
+      sel = groups == g
+      table = self._group(int(g))
+      out[sel] = table[column][np.searchsorted(table[0], flat[sel])]
     return out.reshape(ids.shape)
+
+  def image_of(self, ids) -> np.ndarray:
+    """The pair whose image caption `ids` is shown with (from the other block of its group)."""
+    return self._lookup(ids, 1)
+
+  def holder_of(self, ids) -> np.ndarray:
+    """The pair whose caption is shown with the image of `ids` (itself for a clean pair)."""
+    return self._lookup(ids, 2)
 
   def clean(self, ids) -> np.ndarray:
     return self.image_of(ids) == np.asarray(ids, np.int64)
 
   @property
   def sha256(self) -> str:
-    spec = f"block-caption-noise:v1:n={self.n}:ratio={self.ratio!r}:seed={self.seed}:block={self.block}:" \
-           f"derangement={bool(self.derangement)}"
+    from ncjax.data.web.permutation import ROUNDS
+    spec = f"block-caption-noise:v2:rounds={ROUNDS}:n={self.n}:ratio={self.ratio!r}:seed={self.seed}:" \
+           f"block={self.block}:dataset={self.dataset}"
     return hashlib.sha256(spec.encode()).hexdigest()
 
   @property
   def spec(self) -> dict:
-    return dict(level="caption", protocol="block", ratio=self.ratio, seed=self.seed, block=self.block,
-                derangement=self.derangement, n_captions=self.n)
+    return dict(level="caption", protocol="paired blocks", ratio=self.ratio, seed=self.seed, block=self.block,
+                derangement=True, n_captions=self.n, noisy_captions=self.num_noisy)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetNoise:
+  """The noise of a mixture: each dataset's own protocol over its local ids (dataset d's ids offset by
+  offsets[d]), so a noisy caption is always shown an image of its own dataset, as NCR's noise of each dataset
+  would; `parts[d]` None for a dataset without noise."""
+  offsets: tuple
+  parts: tuple
+
+  def _map(self, ids, method: str) -> np.ndarray:
+    ids = np.asarray(ids, np.int64)
+    out = ids.copy()
+    d = np.searchsorted(np.asarray(self.offsets), ids, side="right") - 1
+    for k in np.unique(d):
+      part = self.parts[int(k)]
+      if part is not None:
+        sel = d == k
+        out[sel] = self.offsets[int(k)] + getattr(part, method)(ids[sel] - self.offsets[int(k)])
+    return out
+
+  def image_of(self, ids) -> np.ndarray:
+    return self._map(ids, "image_of")
+
+  def holder_of(self, ids) -> np.ndarray:
+    return self._map(ids, "holder_of")
+
+  def clean(self, ids) -> np.ndarray:
+    return self.image_of(ids) == np.asarray(ids, np.int64)
+
+  @property
+  def num_noisy(self) -> int:
+    return sum(p.num_noisy for p in self.parts if p is not None)
+
+  @property
+  def sha256(self) -> str:
+    text = "dataset-noise:v1:" + ":".join(f"{o}={p.sha256 if p is not None else '-'}"
+                                           for o, p in zip(self.offsets, self.parts))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+  @property
+  def spec(self) -> dict:
+    return dict(protocol="per dataset", datasets=[p.spec if p is not None else None for p in self.parts])
 
 
 def permuted_noise(spec: NoiseSpec, n: int) -> PermutedNoise | None:

@@ -24,6 +24,7 @@ class WebSpec:
   read: str = "auto"              # indexed: 'auto' (block on an object store) | 'pair' | 'block'
   block: int = 64                 # pairs per ranged read when read='block'
   shuffle_pairs: int = 4096       # block reads: pairs shuffled together per process
+  window_batches: int = 16        # block reads: ... and at least this many per-process batches
   weights: str | tuple = ""       # a mixture's 'w1::w2' (default: the datasets' sizes)
   resample: bool = False          # streamed shards drawn with replacement
   window: int = 8                 # streamed shard segments read interleaved
@@ -38,7 +39,9 @@ class WebSpec:
   workers: int = 0                # decode processes (0: threads of the training process; -1: one per core)
   max_inflight: int = 64          # ranged reads in flight
   io_deadline_s: float = 300.0    # how long a read retries a store that does not answer (ncjax.data.web.store)
+  request_timeout_s: float = 60.0 # one request to the store, at most (gcsfs's own default: no limit)
   filter: str = ""                # a directory written by `ncjax filter`: train on its kept pairs (web.subset)
+  max_skipped_fraction: float = 0.01   # more bad records than this fraction of the pairs read stops the run
 
   def __post_init__(self):
     for name, allowed in (("mode", WEB_MODES), ("read", WEB_READS), ("decoder", WEB_DECODERS)):

@@ -33,7 +33,8 @@ STEPS = 24
 def _config(root, cache, **kw):
   return tiny_clip_config(arg="batch=32,epochs=2", total_steps=STEPS, **{"input.prefetch": 1,
       "input.dataset": f"web:{root}", "input.web.read": "block", "input.web.block": 16,
-      "input.web.shuffle_pairs": 32, "input.web.cache_dir": cache, "input.web.io_deadline_s": 120.0, **kw})
+      "input.web.shuffle_pairs": 32, "input.web.window_batches": 1, "input.web.cache_dir": cache,
+      "input.web.io_deadline_s": 120.0, **kw})
 
 
 def _write(root):
@@ -126,6 +127,7 @@ def test_a_store_that_stays_dead_stops_the_run_within_its_deadline_and_the_relau
       "train", f"--config=clip:data=web:{root},model=micro,batch=32,epochs=2", "--config.total_steps=24",
       "--config.input.prefetch=1",
       "--config.input.web.read=block", "--config.input.web.block=16", "--config.input.web.shuffle_pairs=32",
+      "--config.input.web.window_batches=1",
       f"--config.input.web.cache_dir={tmp_path / 'cache'}", "--config.input.web.io_deadline_s=5",
       "--config.ckpt.every_steps=1", "--config.log.progress=False", f"--workdir={workdir}"]
   with GCSServer() as server:
@@ -235,3 +237,41 @@ def test_two_processes_train_on_gcs_web_data_read_in_blocks(tmp_path):
     b, _, step = ckpt_lib.restore_state_on_host(str(tmp_path / "resumed"))
     assert step == 8
     assert_trees_equal(a, b)
+
+
+def test_a_stalled_store_ends_a_streamed_read_and_an_index_open_by_themselves(tmp_path, monkeypatch):
+  # a store that accepts every connection and never answers (the proxy holds each request for an hour): before
+  # 2026-11-26 gcsfs waited for ever (no request timeout), so streamed reads and index opens hung past any deadline
+  import fsspec
+  import fsspec.config
+  _gcsfs_tries_once(monkeypatch)
+  monkeypatch.setattr(fsspec.config, "conf", {})
+  with GCSServer() as server, LatencyProxy(server.port, 3600.0) as stalled:
+    root = server.path("web")
+    _write(root)
+    for key, value in server.env.items():
+      monkeypatch.setenv(key, value)
+    fsspec.filesystem("gcs").clear_instance_cache()
+    streamed = web.open_dataset(root, use_index=False)               # listed while the store answered
+    for key, value in stalled.env.items():
+      monkeypatch.setenv(key, value)
+    fsspec.filesystem("gcs").clear_instance_cache()
+    policy = store.RetryPolicy(deadline_s=2.0, request_timeout_s=1.0, first_backoff_s=0.2)
+    store.bound_requests(policy.request_timeout_s)
+    streamed.policy = policy
+    for attempt in (lambda: next(streamed.iter_shard(1)),
+                    lambda: web_index.WebIndex.open(web_index.index_dir_of(root), str(tmp_path / "c"), policy)):
+      began = time.monotonic()
+      with pytest.raises(store.StoreUnavailable, match="did not answer"):
+        attempt()
+      assert time.monotonic() - began < 2.0 + 1.0 + 3.0               # the deadline, one request, slack
+
+
+def test_a_process_waiting_on_a_stalled_index_download_gives_up(tmp_path):
+  lock = str(tmp_path / "cache" / ".lock")
+  with web_index._host_lock(lock):                                   # noqa: SLF001 — the holder, stalled
+    began = time.monotonic()
+    with pytest.raises(store.StoreUnavailable, match="without any progress"):
+      with web_index._host_lock(lock, stall_s=0.5):                  # noqa: SLF001
+        pass
+    assert time.monotonic() - began < 3.0

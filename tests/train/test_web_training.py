@@ -74,3 +74,19 @@ def test_indexed_web_training_with_on_demand_noise_and_a_resampled_mixture(webda
   result = train.train(mixed, str(tmp_path / "mix"))
   comp = result.experiment.train_data.iterator_state(4)["composition"]
   assert [c["pairs_read"] for c in comp.values()] == [32, 96]
+
+
+def test_a_streamed_run_resumed_after_a_shard_was_rewritten_stops_with_one_line_naming_it(webdata, tmp_path):
+  import os
+  import shutil
+  from ncjax import errors
+  root = str(tmp_path / "copy")
+  shutil.copytree(webdata[1], root, ignore=shutil.ignore_patterns(web_index.INDEX_DIRNAME))
+  cfg = _config(f"web:{root}", **{"input.web.mode": "stream"})
+  train.train(cfg, str(tmp_path / "run"), until=2)
+  # the same count of pairs, captions rotated (a re-crawl): before 2026-11-26 the resume trained on them, exit 0
+  tar = os.path.join(root, "00002.tar")
+  web_synthetic.write_img2dataset(str(tmp_path / "other"), 320, per_shard=80, image_size=24, pool=16, seed=7)
+  shutil.copy(os.path.join(tmp_path / "other", "00002.tar"), tar)
+  with pytest.raises(errors.CheckpointError, match=r"cannot resume .*00002.tar changed \(size:version then"):
+    train.train(cfg, str(tmp_path / "run"))

@@ -85,6 +85,7 @@ class WebDataset:
   clean_key: str = ""
   versions: list = dataclasses.field(default_factory=list)
   policy: "object | None" = None        # ncjax.data.web.store.RetryPolicy
+  pins: list = dataclasses.field(default_factory=list)   # each shard as listed when opened (store.ObjectInfo.pin)
 
   def __post_init__(self):
     self.counts = np.asarray(self.counts, np.int64)
@@ -103,6 +104,37 @@ class WebDataset:
     shard = np.searchsorted(self.starts, ids, side="right") - 1
     return shard, ids - self.starts[shard]
 
+  def pins_record(self) -> dict:
+    """The shards as this run listed them, for a checkpoint: a digest, and the list itself compressed (a resume
+    names the shard that changed)."""
+    import base64
+    import hashlib
+    import json
+    import zlib
+    rows = [[web_index.relative(self.root, p), pin] for p, pin in zip(self.shards, self.pins)]
+    text = json.dumps(rows, separators=(",", ":"))
+    return dict(digest=hashlib.sha256(text.encode()).hexdigest(),
+                pins=base64.b64encode(zlib.compress(text.encode(), 6)).decode())
+
+  def changed_since(self, record: dict) -> str:
+    """'' when the shards are those of `record` (pins_record), else the first difference, in words."""
+    import base64
+    import json
+    import zlib
+    now = self.pins_record()
+    if not record or not record.get("digest") or record["digest"] == now["digest"]:
+      return ""
+    then = dict(json.loads(zlib.decompress(base64.b64decode(record["pins"]))))
+    current = {web_index.relative(self.root, p): pin for p, pin in zip(self.shards, self.pins)}
+    for name in sorted(set(then) | set(current)):
+      if then.get(name) != current.get(name):
+        if name not in current:
+          return f"{fileio.join(self.root, name)} is gone"
+        if name not in then:
+          return f"{fileio.join(self.root, name)} was added"
+        return f"{fileio.join(self.root, name)} changed (size:version then {then[name]}, now {current[name]})"
+    return f"the shards under {self.root} differ"
+
   def version_of(self, s: int) -> str:
     return str(self.versions[s]) if self.versions and fileio.is_remote(self.shards[s]) else ""
 
@@ -116,6 +148,8 @@ class WebDataset:
     last = n if last is None else min(int(last), n)
     path, j, resume_at, error = self.shards[s], 0, 0, ""
     first_failure, attempt = None, 0
+    pin = self.pins[s] if self.pins else ""
+    store.check_pin(path, pin, self.policy)   # not another file behind the same ids
     while True:
       began = time.monotonic()
       try:
@@ -145,6 +179,7 @@ class WebDataset:
         time.sleep(self.policy.failed(path, e, first_failure, attempt))
         attempt += 1
     if j < last:
+      store.check_pin(path, pin, self.policy)   # a file cut or replaced while it was read is not the data's fault
       why = f"shard {path} ends after {j} of its {n} samples" + (f" ({error})" if error else "")
       log.warning("%s: %d samples skipped", why, last - max(j, first))
       for k in range(max(j, first), last):
@@ -230,12 +265,13 @@ def open_dataset(root: str, *, index_dir: str = "", use_index: bool = True, capt
     index = web_index.WebIndex.open(index_dir, cache_dir, policy) if use_index else None
     shards = [fileio.join(root, rel) for rel in manifest["shards"]]
     versions = list(manifest.get("versions", []))
-    if index is not None and check:
-      web_index.check_shards(root, manifest, policy)
+    pins = []
+    if check:   # streamed from the manifest's counts too: those count the indexed shards, no others
+      pins = [o.pin for o in web_index.check_shards(root, manifest, policy)]
     if manifest.get("clean_key") and not clean_key:
       clean_key = manifest["clean_key"]
     return WebDataset(root, shards, manifest["counts"], index=index, caption_key=caption_key, clean_key=clean_key,
-                      versions=versions, policy=policy)
+                      versions=versions, policy=policy, pins=pins)
   infos = store.list_files(root, ".tar", policy) if fileio.is_remote(root) or os.path.isdir(root) else []
   if not infos:
     list_shards(root)   # raises with what is there
@@ -248,4 +284,4 @@ def open_dataset(root: str, *, index_dir: str = "", use_index: bool = True, capt
         f"{missing[0]}), so their sample counts are unknown without reading them: build the index once "
         f"(python -m ncjax.data.build --dataset=web --manual_dir={root}), which counts them")
   return WebDataset(root, shards, counts, caption_key=caption_key, clean_key=clean_key,
-                    versions=[o.version for o in infos], policy=policy)
+                    versions=[o.version for o in infos], policy=policy, pins=[o.pin for o in infos])

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import time
+import errno
 import hashlib
 import io
 import json
@@ -358,6 +360,8 @@ def check_shards(root: str, manifest: dict, policy: store.RetryPolicy | None = N
   """The manifest's shards as they are now (one listing), or one error naming a shard that is missing or is not the
   one indexed. Local files are compared by size and modification time; objects by size and generation."""
   found = {o.path: o for o in store.list_files(root, ".tar", policy or store.RetryPolicy())}
+  known = {fileio.join(root, name) for name in manifest["shards"]}
+  added = sorted(relative(root, p) for p in found if p not in known)
   out, missing, changed = [], [], []
   for name, size, version in zip(manifest["shards"], manifest["sizes"], manifest["versions"]):
     path = fileio.join(root, name)
@@ -371,6 +375,11 @@ def check_shards(root: str, manifest: dict, policy: store.RetryPolicy | None = N
     raise store.ShardMissing(f"{len(missing)} shards indexed under {root} are not there (e.g. {missing[0]}): they "
                              f"were deleted or moved after the build; restore them or rebuild the index "
                              f"(python -m ncjax.data.build --dataset=web --manual_dir={root})")
+  if added:
+    raise store.ShardChanged(f"{len(added)} shards under {root} are not in its index (e.g. {added[0]}): added after "
+                             f"the build, they would be left out without a word; rebuild the index (python -m "
+                             f"ncjax.data.build --dataset=web --manual_dir={root}; indexed shards are not rescanned) "
+                             f"or move them out of {root}")
   if changed:
     raise store.ShardChanged(f"{len(changed)} shards under {root} changed after the index was built (e.g. "
                              f"{changed[0]}): the offsets would read the wrong bytes; rebuild the index (python -m "
@@ -382,12 +391,31 @@ def check_shards(root: str, manifest: dict, policy: store.RetryPolicy | None = N
 # a built index, opened for reading
 # ---------------------------------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def _host_lock(path: str):
-  """An exclusive lock shared by the processes of one host (released when the holder exits, even by a kill)."""
+def _host_lock(path: str, stall_s: float | None = None):
+  """An exclusive lock shared by the processes of one host (released when the holder exits, even by a kill). With
+  `stall_s`, a waiter gives up (StoreUnavailable, one line) once nothing in the lock's directory has grown for that
+  long: the holder's download is stalled, and its own reads end at their deadline anyway."""
   import fcntl
-  os.makedirs(os.path.dirname(path), exist_ok=True)
+  directory = os.path.dirname(path)
+  os.makedirs(directory, exist_ok=True)
   with open(path, "a+") as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
+    if stall_s is None:
+      fcntl.flock(f, fcntl.LOCK_EX)
+    else:
+      progress, since = None, time.monotonic()
+      while True:
+        try:
+          fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          break
+        except BlockingIOError:
+          now = sum(e.stat().st_size for e in os.scandir(directory) if e.is_file())
+          if now != progress:
+            progress, since = now, time.monotonic()
+          elif time.monotonic() - since > stall_s:
+            raise store.StoreUnavailable(errno.EIO, f"waited {stall_s:.0f} s for another process of this host to "
+                                         f"download the index into {directory} without any progress: the store "
+                                         f"does not answer; the run stops (relaunch to resume)") from None
+          time.sleep(0.2)
     try:
       yield
     finally:
@@ -447,7 +475,8 @@ class WebIndex:
     if not fileio.is_remote(index_dir):
       return cls(index_dir, manifest, index_dir)
     local = cache_dir_of(index_dir, cache_dir)
-    with _host_lock(os.path.join(local, ".lock")):   # one process per host downloads; the others wait, then map it
+    stall = policy.deadline_s + policy.request_timeout_s
+    with _host_lock(os.path.join(local, ".lock"), stall):   # one process per host downloads; the others wait, then map it
       for name in (manifest["offsets_file"], manifest.get("clean_file")):
         if name and not os.path.isfile(os.path.join(local, name)):   # content-addressed: present means whole
           _download(fileio.join(index_dir, name), os.path.join(local, name), policy)

@@ -47,6 +47,7 @@ EPOCH = 0x65706F63     # 'epoc'
 ORDER_VERSION = 2      # recorded in checkpoints: a change here reorders every web-scale run (2: streamed epochs are
                        # exact partitions over the processes, 2026-11-25)
 BLOCKS = 0x626C6F6B    # 'blok'
+GROUPS = 0x67727073    # 'grps'
 
 
 def block_counts(weights, block: int) -> np.ndarray:
@@ -133,30 +134,41 @@ class EpochPermutations:
 
 class BlockOrder:
   """Dataset d's ordinal q -> its local pair id when the data is read in blocks of `block` consecutive ids: epoch
-  e = q // N lists the blocks in the order of a permutation drawn from (seed, d, e) (see the module docstring)."""
+  e = q // N lists the blocks in the order of a permutation drawn from (seed, d, e) (see the module docstring).
+  `groups` (a noise.BlockNoise of the dataset) lists units of two blocks instead — the blocks whose captions
+  exchange images, which the reader then finds together — in the order of a permutation of the units."""
 
-  def __init__(self, size: int, block: int, seed: int, dataset: int):
+  def __init__(self, size: int, block: int, seed: int, dataset: int, groups=None):
     self.size, self.block, self.seed, self.dataset = int(size), max(1, int(block)), int(seed), int(dataset)
-    self.num_blocks = -(-self.size // self.block)
-    self.short = self.size - (self.num_blocks - 1) * self.block     # the last block's length (== block if whole)
+    self.groups = groups
+    if groups is not None:
+      if groups.n != self.size or groups.block != self.block:
+        raise ValueError(f"block noise of {groups.n} pairs in blocks of {groups.block} for an order of {self.size} "
+                         f"pairs in blocks of {self.block}")
+      self.unit, self.num_units, self.short = groups.unit, groups.num_units, groups.last_size
+    else:
+      self.unit, self.num_units = self.block, -(-self.size // self.block)
+      self.short = self.size - (self.num_units - 1) * self.block     # the last block's length (== block if whole)
+    tags = (BLOCKS,) if groups is None else (BLOCKS, GROUPS)
     self._perm = functools.lru_cache(maxsize=4)(
-        lambda e: Permutation(self.num_blocks, self.seed, self.dataset, e, BLOCKS))
+        lambda e: Permutation(self.num_units, self.seed, self.dataset, e, *tags))
 
   def __call__(self, ordinals) -> np.ndarray:
     ordinals = np.asarray(ordinals, np.int64)
     epochs, u = np.divmod(ordinals, self.size)
     out = np.empty_like(ordinals)
-    k, last = self.block, self.num_blocks - 1
+    k, last = self.unit, self.num_units - 1
     for e in np.unique(epochs):
       sel = epochs == e
       perm = self._perm(int(e))
-      at = int(perm.inverse(last))          # where the short block sits in this epoch's list
+      at = int(perm.inverse(last))          # where the short unit sits in this epoch's list
       v = u[sel]
       before = v < at * k
       inside = (~before) & (v < at * k + self.short)
       slot = np.where(before, v // k, np.where(inside, at, at + 1 + (v - at * k - self.short) // k))
       within = np.where(before, v % k, np.where(inside, v - at * k, (v - at * k - self.short) % k))
-      out[sel] = np.asarray(perm(slot), np.int64) * k + within
+      units = np.asarray(perm(slot), np.int64)
+      out[sel] = units * k + within if self.groups is None else self.groups.ids_of_units(units, within)
     return out
 
 

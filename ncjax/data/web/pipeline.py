@@ -69,7 +69,7 @@ from ncjax.data.web import decode as web_decode
 from ncjax.data.web import stages as web_stages
 from ncjax.data.web.stream import StreamReader
 from ncjax.data.web.stages import Unit
-from ncjax.data.noise import BlockNoise, PermutedNoise, permuted_noise
+from ncjax.data.noise import BlockNoise, DatasetNoise, PermutedNoise, permuted_noise
 from ncjax.data.specs import WEB_DECODERS, WEB_MODES, WEB_READS, ConceptSpec, InputSpec, NoiseSpec, WebSpec
 from ncjax.tokenizers import TokenizerSpec
 from ncjax.data.pipeline import HOST_ONLY_PREFIX, BadRecordError, batch_axes, check_batch_divisible
@@ -121,7 +121,8 @@ def parse_weights(weights, n: int, sizes) -> tuple[float, ...]:
 def open_datasets(spec: InputSpec) -> list[web.WebDataset]:
   """The datasets `spec.dataset` names ('web:A::B'), opened with `spec.web`'s settings."""
   w = spec.web
-  policy = store.RetryPolicy(deadline_s=float(w.io_deadline_s))
+  policy = store.RetryPolicy(deadline_s=float(w.io_deadline_s), request_timeout_s=float(w.request_timeout_s))
+  store.bound_requests(policy.request_timeout_s)
   return [web.open_dataset(r, use_index=w.mode != "stream", caption_key=w.caption_key, clean_key=w.clean_key,
                            cache_dir=w.cache_dir, policy=policy)
           for r in parse_roots(spec.dataset)]
@@ -172,11 +173,13 @@ class WebTrainData:
   def __init__(self, datasets: list[web.WebDataset], tokenizer, global_batch_size: int, seed: int, mesh=None, *,
                mode: str = "auto", read: str = "auto", block: int = 64, shuffle_pairs: int = 4096, weights=(),
                resample: bool = False, window: int = 8, buffer: int = 2048, mix_block: int = 1000,
-               noise: PermutedNoise | BlockNoise | None = None, image_size: int = 224, normalization: str = "openai",
+               noise: PermutedNoise | BlockNoise | DatasetNoise | None = None, image_size: int = 224, normalization: str = "openai",
                augment: bool = True, crop_scale=(0.9, 1.0), on_bad_record: str = "skip", num_threads: int = 8,
                prefetch: int = 4, decoder: str = "pil", workers: int = 0, max_inflight: int = 64,
-               io_deadline_s: float = store.DEFAULT_DEADLINE_S, process_index: int | None = None,
-               process_count: int | None = None, subset=None):
+               io_deadline_s: float = store.DEFAULT_DEADLINE_S, request_timeout_s: float = 60.0,
+               process_index: int | None = None,
+               process_count: int | None = None, subset=None, window_batches: int = 16,
+               max_skipped_fraction: float = 0.01):
     self.process_index = jax.process_index() if process_index is None else int(process_index)
     self.process_count = jax.process_count() if process_count is None else int(process_count)
     if mesh is not None:
@@ -225,15 +228,22 @@ class WebTrainData:
     self.weights = parse_weights(weights, len(self.datasets), self.order_sizes)
     self.mixture = mix_lib.Mixture(self.weights, int(mix_block) if len(self.datasets) > 1 else 1, self.seed)
     self.block = max(1, int(block))
-    self.steps_per_window = max(1, math.ceil(int(shuffle_pairs) / self.local_batch_size)) \
+    self.window_batches = max(1, int(window_batches))
+    # at least window_batches batches (a batch then holds ~block / window_batches pairs of a block), at most an
+    # epoch's (a window never mixes more than two epochs)
+    self.steps_per_window = max(1, min(max(math.ceil(int(shuffle_pairs) / self.local_batch_size),
+                                           self.window_batches), self.steps_per_epoch)) \
         if self.read == "block" else 1
-    if self.read == "block" and isinstance(noise, PermutedNoise):
-      noise = BlockNoise(noise.n, noise.ratio, noise.seed, self.block, noise.derangement)
-    if self.read == "pair" and isinstance(noise, BlockNoise):
-      raise ValueError("block noise (a partner image from the same block) goes with input.web.read='block'")
-    if subset is not None and isinstance(noise, BlockNoise):
+    if self.read == "pair" and isinstance(noise, (BlockNoise, DatasetNoise)):
+      raise ValueError("block noise (a partner image from the paired block) goes with input.web.read='block'")
+    if subset is not None and self.read == "block" and noise is not None:
       raise errors.ConfigurationError("injected block noise with input.web.filter: a noisy caption's partner may be a "
                                       "pair the filter dropped, outside the blocks read; use input.web.read='pair'")
+    if self.read == "block" and isinstance(noise, PermutedNoise):
+      if not noise.derangement:
+        log.info("block reads derange the noisy captions: exactly floor(ratio N) are shown another image")
+      parts = [BlockNoise(int(n), noise.ratio, noise.seed, self.block, d) for d, n in enumerate(self.sizes)]
+      noise = parts[0] if len(parts) == 1 else DatasetNoise(tuple(int(o) for o in self.offsets[:-1]), tuple(parts))
     self.noise = noise
     self.noise_sha256 = None if noise is None else noise.sha256
     if decoder not in DECODERS:
@@ -249,14 +259,14 @@ class WebTrainData:
     self.on_bad_record = on_bad_record
     self.num_threads, self.prefetch = max(1, int(num_threads)), max(1, int(prefetch))
     self.workers = web_decode.usable_workers(workers)
-    self.policy = store.RetryPolicy(deadline_s=float(io_deadline_s))
+    self.policy = store.RetryPolicy(deadline_s=float(io_deadline_s), request_timeout_s=float(request_timeout_s))
     for ds in self.datasets:
       ds.policy = self.policy
     self.max_inflight = max(1, int(max_inflight))
     self.sharding = None if mesh is None else NamedSharding(mesh, P(batch_axes(mesh)))
     if mode == "index":
-      self.orders = [mix_lib.BlockOrder(n, self.block, self.seed, d) if self.read == "block" else
-                     mix_lib.EpochPermutations(n, self.seed, d) for d, n in enumerate(self.order_sizes)]
+      self.orders = [mix_lib.BlockOrder(n, self.block, self.seed, d, self._noise_part(d)) if self.read == "block"
+                     else mix_lib.EpochPermutations(n, self.seed, d) for d, n in enumerate(self.order_sizes)]
       self.orders = [order if kept is None else _KeptOrder(order, kept) for order, kept in zip(self.orders, self.kept)]
     else:
       self.readers = [StreamReader(ds, mix_lib.ShardSchedule(
@@ -273,6 +283,21 @@ class WebTrainData:
         f"{ds.name} {n} pairs {100 * s:.2f}%" for ds, n, s in zip(self.datasets, self.order_sizes, share)))
     if subset is not None:
       log.info("%s", subset.describe())
+    if self.noise is not None:
+      log.info("injected noise: %s", describe_noise(self.noise))
+    self.max_skipped_fraction = float(max_skipped_fraction)
+    if not 0.0 <= self.max_skipped_fraction <= 1.0:
+      raise errors.ConfigurationError(f"input.web.max_skipped_fraction must be in [0, 1], got "
+                                      f"{max_skipped_fraction}")
+    self._shares: dict = {}
+
+  def _noise_part(self, d: int):
+    """Dataset d's block noise (its groups are the block order's units), None without noise."""
+    if isinstance(self.noise, BlockNoise):
+      return self.noise
+    if isinstance(self.noise, DatasetNoise):
+      return self.noise.parts[d]
+    return None
 
   # --- order ------------------------------------------------------------------------------------------------------
   def _stream(self) -> int:
@@ -289,12 +314,25 @@ class WebTrainData:
 
   def _window_share(self, window: int, process: int) -> tuple[np.ndarray, np.ndarray]:
     """Block read: (the ids of process `process`'s share of window `window`, in sequence order; the permutation
-    that deals them out to the window's steps)."""
-    g, b, G = int(window), self.local_batch_size, self.steps_per_window
-    first = g * G * self.global_batch_size + process * G * b
-    ids = self._ids_at(first + np.arange(G * b, dtype=np.int64))
-    rng = np.random.Generator(np.random.PCG64([self.seed, g, process, self.process_count, WINDOW_TAG]))
-    return ids, rng.permutation(G * b)
+    that deals them out to the window's steps — with injected noise, one that keeps each noisy caption's own image
+    out of its batch)."""
+    key = (int(window), int(process))
+    if key not in self._shares:
+      g, b, G = int(window), self.local_batch_size, self.steps_per_window
+      first = g * G * self.global_batch_size + process * G * b
+      ids = self._ids_at(first + np.arange(G * b, dtype=np.int64))
+      rng = np.random.Generator(np.random.PCG64([self.seed, g, process, self.process_count, WINDOW_TAG]))
+      perm = rng.permutation(G * b)
+      if self.noise is not None and G > 1:
+        # a group of blocks can straddle two processes' shares: which side of this share its other part lies on
+        near = [(q, self._ids_at(g * G * self.global_batch_size + q * G * b + np.arange(G * b, dtype=np.int64)))
+                for q in (process - 1, process + 1) if 0 <= q < self.process_count]
+        perm = separate_own_images(ids, perm, b, self.noise.holder_of(ids), rng, self.noise.image_of(ids),
+                                   [(q > process, other) for q, other in near])
+      if len(self._shares) >= 8:
+        self._shares.pop(next(iter(self._shares)))
+      self._shares[key] = (ids, perm)
+    return self._shares[key]
 
   def _local_ids(self, step: int, process: int) -> np.ndarray:
     b = self.local_batch_size
@@ -328,11 +366,14 @@ class WebTrainData:
                 datasets=[fileio.absolute(d.root) for d in self.datasets], weights=list(self.weights),
                 mix_block=self.mixture.block, resample=self.resample, window=self.window, buffer=self.buffer,
                 block=self.block, steps_per_window=self.steps_per_window, composition=self.composition(step),
+                noise=self.noise.spec if self.noise is not None else None,
+                shards=[d.pins_record() for d in self.datasets] if all(d.pins for d in self.datasets) else [],
                 filter=self.subset.digest if self.subset is not None else "")
 
   def order_settings(self) -> dict:
     """What the order of the remaining steps depends on (beyond seed and step), with the config key of each."""
-    out = {"input.web.mode": ("kind", f"web_{self.mode}"), "input.web.weights": ("weights", list(self.weights)),
+    out = {"input.shuffle_seed": ("seed", self.seed),
+           "input.web.mode": ("kind", f"web_{self.mode}"), "input.web.weights": ("weights", list(self.weights)),
            "input.web.mix_block": ("mix_block", self.mixture.block),
            "input.web.filter": ("filter", self.subset.digest if self.subset is not None else "")}
     if self.mode == "index":
@@ -344,7 +385,8 @@ class WebTrainData:
                   "input.web.resample": ("resample", self.resample)})
     if self.read == "block":
       out.update({"input.web.block": ("block", self.block),
-                  "input.web.shuffle_pairs (steps per window)": ("steps_per_window", self.steps_per_window)})
+                  "input.web.shuffle_pairs and window_batches (steps per window)":
+                      ("steps_per_window", self.steps_per_window)})
     return out
 
   def check_resume(self, saved: dict) -> None:
@@ -361,6 +403,11 @@ class WebTrainData:
         before = ""       # checkpoints written before input.web.filter existed trained on every pair
       if before is not None and before != value:
         differ.append(f"{key}: checkpoint {before!r}, now {value!r}")
+    for ds, record in zip(self.datasets, saved.get("shards") or []):
+      if ds.pins and (change := ds.changed_since(record)):
+        raise errors.CheckpointError(f"cannot resume: the data is not what the checkpoint trained on: {change} since "
+                                     f"the run started, so its ids would name other pairs; restore it, or start a "
+                                     f"new --workdir")
     if differ:
       raise errors.CheckpointError(f"cannot resume: the web data's order of the remaining steps would differ "
                                    f"({'; '.join(differ)}): resume with the checkpoint's settings, or start a new "
@@ -452,6 +499,8 @@ class WebTrainData:
     ids, perm = self._window_share(window, self.process_index)
     steps = [s for s in range(window * G, (window + 1) * G) if start <= s < stop]
     used = np.concatenate([ids[perm[(s - window * G) * b:(s - window * G + 1) * b]] for s in steps])
+    if self.noise is not None:   # the partners' blocks: mostly read anyway (the order lists a group's blocks together)
+      used = np.unique(np.concatenate([used, self.noise.image_of(used)]))
     spans = []
     for d in np.unique(np.searchsorted(self.offsets, used, side="right") - 1):
       local = used[(used >= self.offsets[d]) & (used < self.offsets[d + 1])] - self.offsets[d]
@@ -570,13 +619,132 @@ class WebTrainData:
   def batches(self, start_step: int, stop_step: int):
     """Yields (global batch arrays, example ids, host statistics) per step (the ids: this process's part unless
     there is one process)."""
+    guard = SkipGuard(self.max_skipped_fraction)
     for host in self.host_batches(start_step, stop_step):
       stats = {"skipped_records": int(host["_skipped"])}
+      guard.add(len(host["id"]), stats["skipped_records"])
       yield self.to_global(host), np.asarray(host["id"]), stats
 
   def global_batch(self, step: int):
     arrays, ids, _ = next(self.batches(step, step + 1))
     return arrays, ids
+
+
+class SkipGuard:
+  """input.web.max_skipped_fraction: stop the run, in one line, once more than this fraction of the pairs read
+  since it started were bad records (each replaced by a repeat) — a fault of this size is a bug to fix or data to
+  repair, never a quiet change of what is trained. Judged once 10 / fraction pairs were read (1,000 at the default
+  0.01), so that one bad record early on does not stop a run; fraction 0 stops at the first."""
+
+  def __init__(self, fraction: float):
+    self.fraction, self.read, self.skipped = float(fraction), 0, 0
+    self.after = 1 if self.fraction == 0 else math.ceil(10 / self.fraction)
+
+  def add(self, pairs: int, skipped: int) -> None:
+    self.read += int(pairs)
+    self.skipped += int(skipped)
+    if self.fraction < 1 and self.read >= self.after and self.skipped > self.fraction * self.read:
+      raise BadRecordError(f"{self.skipped} of the {self.read} web pairs read since the run started were bad records "
+                           f"({100 * self.skipped / self.read:.2f}% > input.web.max_skipped_fraction="
+                           f"{self.fraction:g}), each replaced by a repeat: input.on_bad_record='raise' names the first "
+                           f"one; repair or re-index the data, or raise input.web.max_skipped_fraction")
+
+
+def separate_own_images(ids: np.ndarray, perm: np.ndarray, b: int, holder: np.ndarray, rng: np.random.Generator,
+                        image: np.ndarray | None = None, neighbours=()) -> np.ndarray:
+  """A deal of a window's pairs into batches of b (batch k: ids[perm[k b:(k+1) b]]) in which no noisy caption
+  meets its own image: pair i's image is shown with caption holder[i] (and i's caption with image[i]'s image), so
+  i and holder[i] go to different batches. Each conflict of the random deal `perm` moves the holder to a random slot
+  of another batch, swapping it with a pair that has no conflict there. A pair whose holder or partner lies in
+  another process's share of the window (`neighbours`: (is that process after this one, its share's ids)) goes to
+  an odd batch if that process comes after this one, else to an even one — the other process puts it on the
+  opposite parity, so the two never share a global batch. Needs three batches or more per window."""
+  n = len(ids)
+  order = np.argsort(ids, kind="stable")
+  sorted_ids = ids[order]
+
+  def index_of(values):
+    pos = np.minimum(np.searchsorted(sorted_ids, values), n - 1)
+    return np.where(sorted_ids[pos] == values, order[pos], -1)
+
+  moved = holder != ids
+  hidx = np.where(moved, index_of(holder), -1)         # the index of the caption showing i's image
+  shown = np.full(n, -1, np.int64)
+  shown[hidx[hidx >= 0]] = np.flatnonzero(hidx >= 0)    # the index of the pair whose image i's caption shows
+  parity = np.full(n, -1, np.int64)                    # the batch parity a pair must have (-1: any)
+  if image is not None:
+    for after, other in neighbours:
+      outside = np.isin(holder, other) | np.isin(image, other)
+      parity[moved & outside] = 1 if after else 0
+  slot = np.empty(n, np.int64)
+  slot[perm] = np.arange(n)
+  perm = perm.copy()
+  G = n // b
+
+  def fits(i, k):
+    """May pair i sit in batch k (its neighbours where they are now, its parity)?"""
+    if parity[i] >= 0 and G > 1 and k % 2 != parity[i]:
+      return False
+    return not any(j >= 0 and slot[j] // b == k for j in (hidx[i], shown[i]))
+
+  def relocate(x):
+    """Swap pair x into a random slot of another batch where both it and the pair it displaces fit."""
+    for _ in range(256):
+      s_new = int(rng.integers(n))
+      e = int(perm[s_new])
+      old = slot[x] // b
+      if s_new // b == old or e in (hidx[x], shown[x]):
+        continue
+      slot[x], slot[e] = s_new, slot[x]
+      if fits(x, s_new // b) and fits(e, old):
+        perm[slot[x]], perm[slot[e]] = x, e
+        return
+      slot[x], slot[e] = slot[e], s_new   # undo
+
+  for x in np.flatnonzero((parity >= 0) & ((slot // b) % 2 != parity)).tolist():
+    if G > 1 and (slot[x] // b) % 2 != parity[x]:
+      relocate(x)
+  batch_of = slot // b
+  conflicts = np.flatnonzero((hidx >= 0) & (batch_of == np.where(hidx >= 0, batch_of[np.maximum(hidx, 0)], -1)))
+  for i in conflicts.tolist():
+    x = int(hidx[i])
+    if slot[x] // b == slot[i] // b:
+      relocate(x if parity[x] < 0 or parity[i] >= 0 else i)
+  return perm
+
+
+def block_noise_statistics(data: "WebTrainData", steps) -> dict:
+  """What the loss sees of injected noise over the global batches of `steps` (index mode, any read), with the real
+  order code: the share of captions shown another pair's image (in those batches, and exactly over the data), how
+  far (in ids: shard neighbours are close) a noisy caption's partner lies, and how often a noisy caption's own
+  image is in its batch (shown with another caption: an in-batch negative NCR's protocol almost never makes)."""
+  noise = data.noise
+  shown, distance, own, total = 0, [], 0, 0
+  for s in steps:
+    ids = data.indices(int(s))
+    image = noise.image_of(ids)
+    noisy = image != ids
+    total += len(ids)
+    shown += int(noisy.sum())
+    distance.append(np.abs(image - ids)[noisy])
+    own += int(np.isin(noise.holder_of(ids[noisy]), ids).sum())
+  distance = np.concatenate(distance) if distance else np.zeros(0, np.int64)
+  return dict(shown_another_image=shown / max(1, total), exact=noise.num_noisy / data.num_examples,
+              median_partner_distance=float(np.median(distance)) if distance.size else 0.0,
+              own_image_in_batch=own / max(1, shown), pairs=total)
+
+
+def describe_noise(noise) -> str:
+  """One line: the injected noise's protocol and parameters (logged at start-up; the checkpoint keeps its spec)."""
+  if isinstance(noise, DatasetNoise):
+    return "; ".join(f"dataset {d}: {describe_noise(p) if p is not None else 'none'}"
+                     for d, p in enumerate(noise.parts))
+  if isinstance(noise, BlockNoise):
+    return (f"NCR's caption shuffle in paired blocks of {noise.block} (a noisy caption shows an image of the other "
+            f"block of its group, read with it), {noise.num_noisy} of {noise.n} captions (ratio {noise.ratio:g}, "
+            f"derangement), seed {noise.seed}, kept out of the caption's own image's batch")
+  return (f"NCR's caption shuffle over the whole dataset, {noise.num_noisy} of {noise.n} captions (ratio "
+          f"{noise.ratio:g}{', derangement' if noise.derangement else ''}), seed {noise.seed}")
 
 
 class _KeptOrder:
@@ -607,7 +775,9 @@ def train_data(spec: InputSpec, noise: NoiseSpec, concept: ConceptSpec, tokenize
                       crop_scale=spec.crop_scale, on_bad_record=spec.on_bad_record,
                       num_threads=spec.num_threads, prefetch=spec.prefetch, decoder=w.decoder,
                       workers=w.workers, max_inflight=w.max_inflight, io_deadline_s=w.io_deadline_s,
-                      subset=_subset(w, datasets))
+                      request_timeout_s=w.request_timeout_s,
+                      subset=_subset(w, datasets), window_batches=w.window_batches,
+                      max_skipped_fraction=w.max_skipped_fraction)
   return data, built
 
 

@@ -105,7 +105,7 @@ class RetryPolicy:
   deadline_s: float = DEFAULT_DEADLINE_S
   first_backoff_s: float = 1.0
   max_backoff_s: float = 30.0
-  request_timeout_s: float = 120.0
+  request_timeout_s: float = 60.0   # one request to the store (a ranged read, a listing page, a download piece)
 
   def backoff(self, attempt: int) -> float:
     return min(self.max_backoff_s, self.first_backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
@@ -117,7 +117,7 @@ class RetryPolicy:
       raise ShardMissing(f"{what}: the object is not there ({_reason(e)}): it was deleted or renamed after the "
                          f"dataset was listed or indexed; restore it, or rebuild the index") from None
     if kind == "fatal":
-      if isinstance(e, DataFormatError):
+      if isinstance(e, (DataFormatError, StoreUnavailable)):   # already decided (a nested call's deadline)
         raise e
       raise fileio.StorageError(errno.EIO, f"reading {what} failed: {_reason(e)} (not retried: check the path, "
                                            f"its permissions and the credentials)") from None
@@ -150,20 +150,50 @@ class RetryPolicy:
 @dataclasses.dataclass(frozen=True)
 class ObjectInfo:
   """A file as a listing sees it: its path, size and version (an object store's generation, a local file's
-  modification time in ns) — what the index records and a run checks."""
+  modification time in ns) — what the index records and a run checks — and, where the listing gives them for free,
+  a local file's inode and an object's checksum (crc32c, else md5)."""
   path: str
   size: int
   version: str = ""
+  inode: int = 0
+  checksum: str = ""
+
+  @property
+  def pin(self) -> str:
+    """What this file is, as one string: a run pins every shard it reads to the pin it listed first."""
+    return ":".join([str(self.size), self.version] + ([str(self.inode)] if self.inode else []) +
+                    ([self.checksum] if self.checksum else []))
 
 
 def _remote_info(path: str, entry: dict) -> ObjectInfo:
   version = entry.get("generation") or entry.get("etag") or entry.get("ETag") or entry.get("mtime") or ""
-  return ObjectInfo(path, int(entry.get("size") or 0), str(version))
+  checksum = entry.get("crc32c") or entry.get("md5Hash") or ""
+  return ObjectInfo(path, int(entry.get("size") or 0), str(version), checksum=str(checksum))
 
 
 def _local_info(path: str) -> ObjectInfo:
   st = os.stat(path)
-  return ObjectInfo(path, int(st.st_size), str(st.st_mtime_ns))
+  return ObjectInfo(path, int(st.st_size), str(st.st_mtime_ns), inode=int(st.st_ino))
+
+
+def check_pin(path: str, pin: str, policy: "RetryPolicy | None" = None, what: str = "this run listed it") -> None:
+  """Raise ShardChanged (one line naming the shard) when `path` is no longer the file `pin` describes."""
+  if not pin:
+    return
+  now = info(path, policy).pin
+  if now != pin:
+    raise ShardChanged(f"{path} changed since {what} (size:version then {pin}, now {now}): its pairs would not be "
+                       f"the ones the run's ids name; restore it, or start a new run (and rebuild the index)")
+
+
+def bound_requests(seconds: float) -> None:
+  """Every request gcsfs makes from now on gives up after `seconds` (gcsfs's default is no timeout at all, so a
+  store that keeps a connection open and sends nothing hung a streamed read, a listing or an index download for
+  ever). gcsfs still retries a request that timed out (6 tries, ~35 s of backoff), then ncjax's RetryPolicy until
+  input.web.io_deadline_s: every remote call is bounded."""
+  import fsspec.config
+  for protocol in ("gs", "gcs"):
+    fsspec.config.conf.setdefault(protocol, {})["requests_timeout"] = float(seconds)
 
 
 def list_files(root: str, suffix: str, policy: RetryPolicy | None = None) -> list[ObjectInfo]:
