@@ -519,3 +519,12 @@ def test_a_shard_rewritten_under_a_streamed_reader_is_one_error_naming_it(tmp_pa
   again = web.open_dataset(root, use_index=False)
   assert again.changed_since(record).endswith(")") and "00001.tar changed" in again.changed_since(record)
   assert again.changed_since(again.pins_record()) == ""
+  # indexed, on local disk: the ranged reads pin the file too (before 2026-11-26 only gs:// objects were pinned)
+  web_index.build_index(root, workers=1)
+  indexed = web.open_dataset(root)
+  assert not indexed.read(45).bad
+  os.remove(tar)
+  with open(tar, "wb") as f:
+    f.write(data)
+  with pytest.raises(store.ShardChanged, match=r"00001.tar changed since this run listed it"):
+    indexed.read_run(31, 33, reader=store.RangeReader())

@@ -4,12 +4,14 @@
 kept; a filter refused on data it was not chosen from; kept pairs written as img2dataset shards that read back."""
 
 import json
+import os
 
 import numpy as np
 import pytest
 
 from ncjax import errors, fileio
 from ncjax.data.web import dataset as web
+from ncjax.data.web import index as web_index
 from ncjax.data.web import score_files, subset
 from ncjax.data.web import synthetic as web_synthetic
 
@@ -137,4 +139,21 @@ def test_a_filter_is_refused_on_data_it_was_not_chosen_from_and_its_kept_pairs_w
   shard = ds.shards[1]
   fileio.write_bytes(shard, fileio.read_bytes(shard) + b"\0" * 1024)
   with pytest.raises(errors.DataError, match="shard 00001.tar of .* has \\d+ bytes, the filter's data had"):
+    subset.open_subset(path, [web.open_dataset(small_web)])
+
+
+def test_a_filter_is_refused_after_a_same_size_rewrite_and_a_rebuild(tmp_path, small_web):
+  # the error of a changed shard asks for a rebuild; after it, the same count of other pairs under the same ids must
+  # not pass for the data the filter was chosen from (before 2026-11-26 names, counts and sizes let it through)
+  web_index.build_index(small_web, workers=1)
+  ds = web.open_dataset(small_web)
+  flags = np.arange(ds.num_examples) % 2 == 0
+  path = str(tmp_path / "filter")
+  subset.write_filter(path, [subset.dataset_identity(ds)], [subset.pack(flags)], dict(keep=0.5), dict(kind="test"))
+  shard = ds.shards[2]
+  data = fileio.read_bytes(shard)
+  os.remove(shard)
+  fileio.write_bytes(shard, data)                                   # the same bytes, written anew
+  web_index.build_index(small_web, workers=1)
+  with pytest.raises(errors.DataError, match=r"shard 00002.tar of .* was rewritten since it was scored"):
     subset.open_subset(path, [web.open_dataset(small_web)])

@@ -136,7 +136,10 @@ class WebDataset:
     return f"the shards under {self.root} differ"
 
   def version_of(self, s: int) -> str:
-    return str(self.versions[s]) if self.versions and fileio.is_remote(self.shards[s]) else ""
+    """What a ranged read of shard s pins: an object's generation, a local file's pin (size, mtime, inode)."""
+    if fileio.is_remote(self.shards[s]):
+      return str(self.versions[s]) if self.versions else ""
+    return self.pins[s] if self.pins else ""
 
   # -- streamed ---------------------------------------------------------------------------------------------------
   def iter_shard(self, s: int, first: int = 0, last: int | None = None):

@@ -79,8 +79,9 @@ def same_work(a: dict, b: dict) -> str:
   if a["scorer_digest"] != b["scorer_digest"]:
     return f"another scorer ({a['scorer']} vs {b['scorer']})"
   for x, y in zip(a["datasets"], b["datasets"]):
-    for key in ("root", "shards", "counts", "sizes", "offset"):
-      if x[key] != y[key]:
+    for key in ("root", "shards", "counts", "sizes", "offset", "versions"):
+      if (key in x or key in y) and key != "versions" and x[key] != y[key] or \
+          key == "versions" and key in x and key in y and x[key] != y[key]:   # (written before versions existed)
         return f"other data ({key} of {x['name']} differ)"
   if len(a["datasets"]) != len(b["datasets"]):
     return "another number of datasets"

@@ -264,11 +264,20 @@ class _LocalFiles:
     self.limit, self.lock = max(1, int(limit)), threading.Lock()
     self.fds: dict[str, list] = {}   # path -> [fd, readers in flight]; insertion order = recency
 
-  def pread(self, path: str, start: int, end: int) -> bytes:
+  def pread(self, path: str, start: int, end: int, pin: str = "") -> bytes:
     with self.lock:
       entry = self.fds.pop(path, None)
       if entry is None:
-        entry = [os.open(path, os.O_RDONLY), 0]
+        fd = os.open(path, os.O_RDONLY)
+        if pin:   # the file opened must be the one listed (same size, modification time and inode)
+          st = os.fstat(fd)
+          now = ObjectInfo(path, int(st.st_size), str(st.st_mtime_ns), inode=int(st.st_ino)).pin
+          if now != pin:
+            os.close(fd)
+            raise ShardChanged(f"{path} changed since this run listed it (size:version then {pin}, now {now}): its "
+                               f"pairs would not be the ones the run's ids name; restore it, or start a new run "
+                               f"(and rebuild the index)")
+        entry = [fd, 0]
       entry[1] += 1
       self.fds[path] = entry
       self._evict()
@@ -305,7 +314,8 @@ class _LocalFiles:
 @dataclasses.dataclass(frozen=True)
 class Range:
   """Bytes [start, end) of `path`; `version` pins an object store's generation (a replaced object then reads as
-  missing instead of returning another object's bytes)."""
+  missing instead of returning another object's bytes), or a local file's pin (ObjectInfo.pin: checked when the file
+  is opened)."""
   path: str
   start: int
   end: int
@@ -347,7 +357,7 @@ class RangeReader:
   # --- local -------------------------------------------------------------------------------------------------
   def _read_local(self, r: Range) -> bytes:
     try:
-      out = self.policy.call(lambda: self.local.pread(r.path, r.start, r.end), r.path)
+      out = self.policy.call(lambda: self.local.pread(r.path, r.start, r.end, r.version), r.path)
     except FileNotFoundError:
       raise ShardMissing(f"{r.path} is not there (deleted or renamed after it was indexed)") from None
     self._count(len(out))

@@ -198,8 +198,10 @@ def dataset_identity(ds, listing=None) -> dict:
     found = {o.path: o for o in store.list_files(ds.root, ".tar", ds.policy)}
     listing = [found.get(p) for p in ds.shards]
   names = [web_index.relative(ds.root, p) for p in ds.shards]
+  versions = [(o.version + (f":{o.checksum}" if o.checksum else "")) if o is not None else "" for o in listing]
   return dict(root=fileio.absolute(ds.root), name=ds.name, shards=names, counts=[int(c) for c in ds.counts],
-              sizes=[int(o.size) if o is not None else -1 for o in listing], num_examples=int(ds.num_examples))
+              sizes=[int(o.size) if o is not None else -1 for o in listing], num_examples=int(ds.num_examples),
+              versions=versions)
 
 
 def check_identity(expected: dict, ds, what: str, listing=None) -> None:
@@ -218,6 +220,12 @@ def check_identity(expected: dict, ds, what: str, listing=None) -> None:
       if a != b and a >= 0 and b >= 0:
         raise errors.DataError(f"{what}: shard {name} of {ds.root} has {b} {label}, the filter's data had {a}: the "
                                f"shard changed since it was scored; score and filter it again")
+  # the version (an object's generation and checksum, a local file's modification time): a rewrite of the same
+  # size — the same count of other pairs — is not the data that was scored (files written before 2026-11-26 lack it)
+  for name, a, b in zip(now["shards"], expected.get("versions") or [], now["versions"]):
+    if a and b and a != b:
+      raise errors.DataError(f"{what}: shard {name} of {ds.root} was rewritten since it was scored (version then "
+                             f"{a}, now {b}): its ids name other pairs now; score and filter it again")
 
 
 def _digest(data: bytes) -> str:
@@ -443,8 +451,8 @@ def write_from_scores(out: str, path: str, *, keep: float | None = None, min_sco
     if local != target:
       fileio.copy_file(local, target)
       os.remove(local)
-  identities = [{k: ds[k] for k in ("root", "name", "shards", "counts", "sizes", "num_examples")}
-                for ds in manifest["datasets"]]
+  identities = [{k: ds[k] for k in ("root", "name", "shards", "counts", "sizes", "num_examples", "versions")
+                 if k in ds} for ds in manifest["datasets"]]
   rule = dict(keep=keep, min_score=min_score, per_dataset=bool(per_dataset))
   return write_filter(path, identities, bits, rule, manifest["scorer"],
                       extra=dict(scores=fileio.absolute(out), decided=decided,
