@@ -304,7 +304,9 @@ def test_store_faults_are_retried_until_the_deadline_and_never_become_bad_record
   policy = store.RetryPolicy(deadline_s=2.0, first_backoff_s=0.01, max_backoff_s=0.05)
   transient = [ConnectionRefusedError(errno.ECONNREFUSED, "refused"), TimeoutError("slow"),
                aiohttp.ClientConnectionError("reset"), _http_error(503), _http_error(429),
-               OSError(errno.ECONNRESET, "reset by peer")]
+               OSError(errno.ECONNRESET, "reset by peer"), _http_error(401),
+               __import__("ssl").SSLError(1, "[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC]"),
+               __import__("asyncio").IncompleteReadError(b"", 100)]
   for e in transient:
     assert store.classify(e) == "transient", e
     flaky = _Flaky(e, 3)
@@ -528,3 +530,75 @@ def test_a_shard_rewritten_under_a_streamed_reader_is_one_error_naming_it(tmp_pa
     f.write(data)
   with pytest.raises(store.ShardChanged, match=r"00001.tar changed since this run listed it"):
     indexed.read_run(31, 33, reader=store.RangeReader())
+
+
+def test_a_machine_fault_while_decoding_is_raised_never_counted_as_a_bad_record(monkeypatch):
+  settings = web_decode.DecodeSettings(8, "openai", False, (0.9, 1.0), "pil", "")
+  spec = web_decode.ExampleSpec(0, "a caption", web_synthetic.jpeg_pool(1, 8)[0], (0, 0, 0), True, "")
+  for fault in (MemoryError(), OSError(errno.ENOMEM, "Cannot allocate memory")):
+    def broken(*args, fault=fault, **kwargs):
+      raise fault
+    monkeypatch.setattr(web_decode, "decode_eval", broken)
+    with pytest.raises(type(fault)):
+      web_decode.make_example(spec, settings, _tokenizer())
+  monkeypatch.setattr(web_decode, "decode_eval", lambda *a, **k: (_ for _ in ()).throw(OSError("cannot identify")))
+  with pytest.raises(web_decode.BadExample, match="does not decode"):   # PIL's own OSError (no errno): the record's
+    web_decode.make_example(spec, settings, _tokenizer())
+
+
+def test_a_streamed_read_gets_a_whole_deadline_for_each_fault_after_reads_recovered(tmp_path, monkeypatch):
+  root = str(tmp_path / "d")
+  web_synthetic.write_img2dataset(root, 0, shard_sizes=[60], image_size=8, pool=4)
+  ds = web.open_dataset(root, use_index=False)
+  ds.policy = store.RetryPolicy(deadline_s=0.6, first_backoff_s=0.01, max_backoff_s=0.02)
+  real = fileio.open_sequential
+  state = {"opens": 0}
+
+  class Blip:
+    """A file that fails once after 10 samples were read; the second blip comes long after the first."""
+    def __init__(self, f, fail_after):
+      self.f, self.fail_after, self.read_bytes = f, fail_after, 0
+    def read(self, n=-1):
+      if self.fail_after is not None and self.read_bytes >= self.fail_after:
+        raise ConnectionResetError(errno.ECONNRESET, "reset")
+      if state["opens"] == 2 and not self.read_bytes:
+        time.sleep(0.7)                                              # the 2nd blip comes > deadline after the 1st
+      out = self.f.read(n)
+      self.read_bytes += len(out)
+      return out
+    def seek(self, *a):
+      return self.f.seek(*a)
+    def __enter__(self):
+      return self
+    def __exit__(self, *exc):
+      self.f.close()
+
+  def flaky_open(path, *a, **k):
+    state["opens"] += 1
+    size = os.path.getsize(path)
+    fail_after = {1: size // 4, 2: size // 2}.get(state["opens"])   # two blips, reads recover in between
+    return Blip(real(path, *a, **k), fail_after)
+
+  monkeypatch.setattr(fileio, "open_sequential", flaky_open)
+  samples = list(ds.iter_shard(0))
+  assert len(samples) == 60 and not any(x.bad for x in samples) and state["opens"] == 3
+
+
+def test_the_hosts_copy_of_an_index_is_checked_against_its_digest_and_stale_pieces_are_removed(tmp_path):
+  name, data = web_index._digest_name("offsets", np.arange(10, dtype=np.uint32))   # noqa: SLF001
+  src = tmp_path / "store"
+  src.mkdir()
+  (src / name).write_bytes(data[:-4] + b"\0\0\0\1")                  # damaged in the store
+  local = tmp_path / "cache"
+  local.mkdir()
+  policy = store.RetryPolicy(deadline_s=1.0)
+  with pytest.raises(web_index.readers.DataFormatError, match="digest .* is not the"):
+    web_index._download(str(src / name), str(local / name), policy)   # noqa: SLF001
+  assert os.listdir(local) == []                                     # neither the file nor a piece of it
+  (src / name).write_bytes(data)
+  web_index._download(str(src / name), str(local / name), policy)     # noqa: SLF001
+  assert (local / name).read_bytes() == data
+  (local / f"{name}.partial-{2 ** 22 + 7}").write_bytes(b"cut")      # a download killed with its process
+  (local / f"{name}.partial-{os.getpid()}").write_bytes(b"ours")     # one in progress
+  web_index._remove_stale_partials(str(local))                       # noqa: SLF001
+  assert sorted(os.listdir(local)) == sorted([name, f"{name}.partial-{os.getpid()}"])

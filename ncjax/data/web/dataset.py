@@ -150,7 +150,7 @@ class WebDataset:
     base, n = int(self.starts[s]), int(self.counts[s])
     last = n if last is None else min(int(last), n)
     path, j, resume_at, error = self.shards[s], 0, 0, ""
-    first_failure, attempt = None, 0
+    first_failure, attempt, failed_at = None, 0, 0
     pin = self.pins[s] if self.pins else ""
     store.check_pin(path, pin, self.policy)   # not another file behind the same ids
     while True:
@@ -178,7 +178,9 @@ class WebDataset:
       except FileNotFoundError:
         raise store.ShardMissing(f"{path} is not there (deleted or renamed after the dataset was listed)") from None
       except Exception as e:  # noqa: BLE001 — a fault of the store: retried from the last whole sample
-        first_failure = began if first_failure is None else first_failure
+        progressed, failed_at = resume_at > failed_at, resume_at
+        if first_failure is None or progressed:   # reads recovered since the last fault: a whole deadline again,
+          first_failure, attempt = (time.monotonic() if progressed else began), 0   # counted from this fault
         time.sleep(self.policy.failed(path, e, first_failure, attempt))
         attempt += 1
     if j < last:
@@ -207,6 +209,12 @@ class WebDataset:
     for (s, a, _, lo, n), raw in zip(runs, data):
       out.update(parse_run(self, s, a, lo, n, raw))
     return [out.get(i) or Sample(i, bad=self._missing_reason(i)) for i in range(first, last)]
+
+  def close(self) -> None:
+    """Close the range reader random access opened (its threads and descriptors)."""
+    if self._reader is not None:
+      self._reader.close()
+      self._reader = None
 
   def _missing_reason(self, sample_id: int) -> str:
     s, k = self.locate(sample_id)

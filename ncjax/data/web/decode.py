@@ -126,6 +126,8 @@ def make_example(spec: ExampleSpec, settings: DecodeSettings, tokenizer, out: np
       if out is not None:
         out[...] = image
   except Exception as e:  # noqa: BLE001 — PIL raises many types for bytes that are not an image
+    if isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno is not None):
+      raise   # the machine's fault (out of memory, a disk or pipe error), not the record's: never a skip
     text = re.sub(r" ?<[^>]*>", "", str(e))   # PIL names the BytesIO object: an address, different every run
     raise BadExample(f"the image does not decode: {type(e).__name__}: {text}") from None
   return image, tokenizer.encode([spec.caption])[0]

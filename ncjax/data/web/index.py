@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import time
 import errno
 import hashlib
 import io
 import json
 import logging
 import os
+import re
+import time
 
 import numpy as np
 
@@ -423,16 +424,26 @@ def _host_lock(path: str, stall_s: float | None = None):
 
 
 def _download(src: str, dst: str, policy: store.RetryPolicy, chunk: int = 8 << 20) -> None:
-  """Copy a (large) object to a local file in pieces: memory stays at one piece, the file appears whole or not."""
+  """Copy a (large) object to a local file in pieces: memory stays at one piece, the file appears whole or not —
+  its content checked against the digest its name carries (`_digest_name`) and synced to disk before the rename,
+  so a cut download or a full disk never leaves a file that later reads as the index."""
   tmp = f"{dst}.partial-{os.getpid()}"
+  expected = re.search(r"-([0-9a-f]{16})\.npy$", os.path.basename(dst))
 
   def copy():
+    digest = hashlib.sha256()
     with fileio.open_file(src, "rb") as f, open(tmp, "wb") as out:
       while True:
         data = f.read(chunk)
         if not data:
           break
         out.write(data)
+        digest.update(data)
+      out.flush()
+      os.fsync(out.fileno())
+    if expected and digest.hexdigest()[:16] != expected.group(1):
+      raise readers.DataFormatError(f"{src}: its content's digest {digest.hexdigest()[:16]} is not the "
+                                    f"{expected.group(1)} its name says: the index in the store is damaged; rebuild it")
     os.replace(tmp, dst)
 
   try:
@@ -440,6 +451,25 @@ def _download(src: str, dst: str, policy: store.RetryPolicy, chunk: int = 8 << 2
   finally:
     with contextlib.suppress(FileNotFoundError):
       os.remove(tmp)
+
+
+def _remove_stale_partials(local: str) -> None:
+  """Pieces of downloads whose process is gone (killed mid-download): removed, under the host's lock."""
+  for entry in os.scandir(local):
+    m = re.search(r"\.partial-(\d+)$", entry.name)
+    if m and not _alive(int(m.group(1))):
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(entry.path)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
 
 
 def cache_dir_of(index_dir: str, cache_dir: str = "") -> str:
@@ -477,6 +507,7 @@ class WebIndex:
     local = cache_dir_of(index_dir, cache_dir)
     stall = policy.deadline_s + policy.request_timeout_s
     with _host_lock(os.path.join(local, ".lock"), stall):   # one process per host downloads; the others wait, then map it
+      _remove_stale_partials(local)
       for name in (manifest["offsets_file"], manifest.get("clean_file")):
         if name and not os.path.isfile(os.path.join(local, name)):   # content-addressed: present means whole
           _download(fileio.join(index_dir, name), os.path.join(local, name), policy)

@@ -77,8 +77,13 @@ def classify(e: BaseException) -> str:
     return "missing"
   if isinstance(e, (ShardChanged, DataFormatError, PermissionError)):
     return "fatal"
-  if isinstance(e, (TimeoutError, asyncio.TimeoutError, ConnectionError)):
+  if isinstance(e, (TimeoutError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError)):
     return "transient"
+  import ssl
+  if isinstance(e, ssl.SSLError):   # a TLS session cut mid-read (its errno is the TLS library's, not the OS's)
+    return "transient"
+  if _http_status(e) == 401 and not isinstance(e, OSError):
+    return "transient"               # an expired token that gcsfs's own tries did not refresh: refreshed on a retry
   status = _http_status(e)
   if status is not None and not isinstance(e, OSError):
     if status == 404:
@@ -425,5 +430,7 @@ class RangeReader:
     return self.submit(ranges).result()
 
   def close(self):
-    self._local_pool.shutdown(wait=False, cancel_futures=True)
+    """Stop the reads not started, wait for the ones in flight (a thread left reading a closed descriptor could
+    read another file's bytes), close the descriptors."""
+    self._local_pool.shutdown(wait=True, cancel_futures=True)
     self.local.close()
