@@ -168,14 +168,15 @@ def base_config() -> ml_collections.ConfigDict:
       # request_timeout_s: one request to the store at most (a stalled connection is a fault, retried);
       # filter: a directory written by `ncjax filter` (the pairs to train on, chosen by their audit scores; ids stay
       # the unfiltered data's: ncjax.data.web.subset), '' trains on every pair; max_skipped_fraction: more bad
-      # records (each replaced by a repeat) than this fraction of the pairs read stops the run with one line.
+      # records (each replaced by a repeat) than this fraction of the pairs read stops the run with one line;
+      # split_gap_bytes: a filtered block read is cut where the unread bytes between kept pairs exceed this.
       web=ml_collections.ConfigDict(dict(mode="auto", read="auto", block=64, shuffle_pairs=4096, window_batches=16,
                                          weights="",
                                          resample=False, window=8, buffer=2048, mix_block=1000,
                                          caption_key="caption", clean_key="", cache_dir="",
                                          vocab_captions=200_000, max_vocab=65_536, decoder="pil", workers=0,
                                          max_inflight=64, io_deadline_s=300.0, request_timeout_s=60.0, filter="",
-                                         max_skipped_fraction=0.01)),
+                                         max_skipped_fraction=0.01, split_gap_bytes=512 << 10)),
   ))
 
   # Noise applied to the training pairs; the ground-truth clean flag is kept for diagnostics only.

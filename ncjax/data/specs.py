@@ -42,6 +42,7 @@ class WebSpec:
   request_timeout_s: float = 60.0 # one request to the store, at most (gcsfs's own default: no limit)
   filter: str = ""                # a directory written by `ncjax filter`: train on its kept pairs (web.subset)
   max_skipped_fraction: float = 0.01   # more bad records than this fraction of the pairs read stops the run
+  split_gap_bytes: int = 512 << 10     # filtered block reads: a gap of unread bytes this long is its own request
 
   def __post_init__(self):
     for name, allowed in (("mode", WEB_MODES), ("read", WEB_READS), ("decoder", WEB_DECODERS)):

@@ -602,3 +602,25 @@ def test_the_hosts_copy_of_an_index_is_checked_against_its_digest_and_stale_piec
   (local / f"{name}.partial-{os.getpid()}").write_bytes(b"ours")     # one in progress
   web_index._remove_stale_partials(str(local))                       # noqa: SLF001
   assert sorted(os.listdir(local)) == sorted([name, f"{name}.partial-{os.getpid()}"])
+
+
+def test_filtered_block_reads_cut_a_span_where_the_gap_is_worth_a_request(uneven, tmp_path):
+  from ncjax.data.web import subset as subset_lib
+  ds = web.open_dataset(uneven["root"])
+  flags = np.random.default_rng(0).random(N) < 0.1                  # keep 10%: spans of ~10 pairs per kept pair
+  path = str(tmp_path / "filter")
+  subset_lib.write_filter(path, [subset_lib.dataset_identity(ds)], [subset_lib.pack(flags)], dict(keep=0.1),
+                          dict(kind="test"))
+  runs = {}
+  for gap in (0, 1):                                                 # 0: one request per block of kept pairs
+    data = _data(ds, batch=20, read="block", block=16, shuffle_pairs=40, split_gap_bytes=gap,
+                 subset=subset_lib.open_subset(path, [ds]))
+    runs[gap] = (list(data.host_batches(0, 8)), dict(data.last_reads))
+  for a, b in zip(runs[0][0], runs[1][0]):                           # the same batches ...
+    for k in ("image", "tokens", "id", "clean"):
+      np.testing.assert_array_equal(a[k], b[k])
+  trained = sum(int(np.sum(flags[np.asarray(b["id"])])) for b in runs[1][0])
+  assert trained == 8 * 20
+  # ... from about the bytes of the kept pairs instead of ~1 / keep times them
+  assert runs[1][1]["bytes"] < runs[0][1]["bytes"] / 4, (runs[0][1], runs[1][1])
+  assert runs[1][1]["requests"] > runs[0][1]["requests"]

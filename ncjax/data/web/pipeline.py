@@ -179,7 +179,7 @@ class WebTrainData:
                io_deadline_s: float = store.DEFAULT_DEADLINE_S, request_timeout_s: float = 60.0,
                process_index: int | None = None,
                process_count: int | None = None, subset=None, window_batches: int = 16,
-               max_skipped_fraction: float = 0.01):
+               max_skipped_fraction: float = 0.01, split_gap_bytes: int = 512 << 10):
     self.process_index = jax.process_index() if process_index is None else int(process_index)
     self.process_count = jax.process_count() if process_count is None else int(process_count)
     if mesh is not None:
@@ -290,6 +290,7 @@ class WebTrainData:
       raise errors.ConfigurationError(f"input.web.max_skipped_fraction must be in [0, 1], got "
                                       f"{max_skipped_fraction}")
     self._shares: dict = {}
+    self.split_gap_bytes = int(split_gap_bytes)
 
   def _noise_part(self, d: int):
     """Dataset d's block noise (its groups are the block order's units), None without noise."""
@@ -439,6 +440,25 @@ class WebTrainData:
         out.append((d, s, a, b_, lo, n, store.Range(ds.shards[s], a, b_, ds.version_of(s))))
     return out
 
+  def _cut(self, d: int, first: int, last: int) -> list[tuple[int, int]]:
+    """Dataset d's ids [first, last] (a filtered block) as [start, end) spans of ids: one, unless the unread bytes
+    between two consecutive kept pairs exceed input.web.split_gap_bytes, where the span is cut in two."""
+    ds, kept = self.datasets[d], self.kept[d]
+    ids = np.flatnonzero(kept.flags(first, last + 1)) + first
+    if len(ids) < 2 or self.split_gap_bytes <= 0:
+      return [(first, last + 1)]
+    offsets = np.asarray(ds.index.offsets[np.minimum(np.concatenate([ids, ids + 1]), ds.num_examples - 1)],
+                         np.int64)
+    starts, ends = offsets[:len(ids)], offsets[len(ids):]
+    missing = int(ds.index.missing)
+    gap = starts[1:] - ends[:-1]                       # bytes from the end of one kept pair to the next one's start
+    shard = np.searchsorted(ds.starts, ids, side="right")
+    cut = (gap > self.split_gap_bytes) & (starts[1:] != missing) & (ends[:-1] != missing) & \
+        (shard[1:] == shard[:-1])                     # (across a shard's end the run is split anyway)
+    bounds = np.flatnonzero(cut) + 1
+    pieces = np.split(ids, bounds)
+    return [(int(p[0]), int(p[-1]) + 1) for p in pieces]
+
   def _single_runs(self, gids: np.ndarray) -> list:
     """_runs of single ids, computed for all of them at once (read 'pair': a step's ids in one pass)."""
     out = []
@@ -509,11 +529,13 @@ class WebTrainData:
         for blk in np.unique(local // self.block):
           lo = int(self.offsets[d] + blk * self.block)
           spans.append((lo, int(min(lo + self.block, self.offsets[d + 1]))))
-      else:   # a block of consecutive kept ranks: the ids from its first to its last kept pair, one request
+      else:   # a block of consecutive kept ranks: the ids from its first to its last kept pair, one request —
+        # cut where the bytes between two kept pairs are worth more than a request (input.web.split_gap_bytes)
         blocks = np.unique(kept.rank(local) // self.block)
         firsts = kept.select(blocks * self.block)
         lasts = kept.select(np.minimum((blocks + 1) * self.block, kept.kept) - 1)
-        spans.extend((int(self.offsets[d] + a), int(self.offsets[d] + b + 1)) for a, b in zip(firsts, lasts))
+        for lo, hi in zip(firsts.tolist(), lasts.tolist()):
+          spans.extend((int(self.offsets[d] + x), int(self.offsets[d] + y)) for x, y in self._cut(d, lo, hi))
     runs = self._runs(spans)
 
     def build(raw):
@@ -777,7 +799,7 @@ def train_data(spec: InputSpec, noise: NoiseSpec, concept: ConceptSpec, tokenize
                       workers=w.workers, max_inflight=w.max_inflight, io_deadline_s=w.io_deadline_s,
                       request_timeout_s=w.request_timeout_s,
                       subset=_subset(w, datasets), window_batches=w.window_batches,
-                      max_skipped_fraction=w.max_skipped_fraction)
+                      max_skipped_fraction=w.max_skipped_fraction, split_gap_bytes=w.split_gap_bytes)
   return data, built
 
 
