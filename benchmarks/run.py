@@ -33,6 +33,8 @@ def main(argv=None):
   from benchmarks import web_store
   suites["web_store"] = web_store.run   # gs:// on a local GCS server behind a latency proxy
   from benchmarks import web_audit
+  from benchmarks import web_noise
+  suites["web_noise"] = web_noise.run   # injected noise as the loss sees it, per pair and in blocks (order code only)
   suites["web_audit"] = web_audit.run   # scoring web pairs on 1 and 2 processes, choosing a filter, filtered training
   for name in args.suites.split(","):
     if name not in suites:

@@ -16,19 +16,26 @@ Modes (`input.web.mode`) and, indexed, how the index is read (`input.web.read`):
   pair's image: one more read per noisy pair, in the same flight.
 * 'index' + read 'block' (the default when a dataset is on an object store): the same positions, but dataset d's
   epoch lists its pairs as blocks of `input.web.block` consecutive ids in a permuted block order
-  (mixture.BlockOrder). Steps are grouped into windows of G = ceil(input.web.shuffle_pairs / b) steps (b the
-  per-process batch); process p reads its contiguous share of the window's positions — a few dozen whole blocks,
-  one ranged request each, the next window's requests in flight while this one trains — and shuffles that share
-  (a permutation drawn from (seed, window, p, P)) into its G local batches. Every epoch is still each pair once;
-  a batch holds on average K b / (G b) = K / G pairs of one block (64 / 16 = 4 at the defaults with b = 256).
-  Requests per pair: 1 / K (plus two per window at the share's edges). The order depends on the process count.
-  Injected noise is `noise.BlockNoise`: a caption's partner image comes from its own block, which is read anyway.
+  (mixture.BlockOrder). Steps are grouped into windows of G = max(ceil(input.web.shuffle_pairs / b),
+  input.web.window_batches) steps (b the per-process batch; 16 batches at least by default, at most an epoch);
+  process p reads its contiguous share of the window's positions — whole blocks, one ranged request each, the next
+  window's requests in flight while this one trains — and shuffles that share (a permutation drawn from (seed,
+  window, p, P)) into its G local batches. Every epoch is still each pair once; a batch holds on average
+  K b / (G b) = K / G pairs of one block (64 / 16 = 4 at the defaults, at any batch size). Requests per pair: 1 / K
+  (plus two per window at the share's edges). The order depends on the process count.
+  Injected noise is `noise.BlockNoise`, per dataset of a mixture: blocks are paired across the dataset, a noisy
+  caption is shown an image of the other block of its pair, and the order lists a pair's blocks together, so the
+  partner's block is read anyway (the reader reads it wherever it is not: nothing is ever missing); exactly
+  floor(ratio N_d) captions of each dataset are shown another image; the deal into batches
+  (`separate_own_images`) keeps each noisy caption's own image out of its global batch. `block_noise_statistics`
+  measures what the loss sees (benchmarks/web_noise.py).
 * 'stream': nothing built; process p streams its own share of each epoch (ncjax.data.web.mixture: an exact partition of
   the epoch's shard list by sample counts, every pair read once per epoch over the processes) through windows of
   `input.web.window` shard segments read interleaved and a shuffle buffer of `input.web.buffer` pairs. Injected
   static noise needs an index; `in_batch_resample` works in every mode.
-Nothing is restored but the step: resume is bitwise. A resume whose process count, mode, read, block, window,
-buffer, weights or mixture block differ where the order depends on them is refused with one line (`check_resume`).
+Nothing is restored but the step: resume is bitwise. A resume whose shuffle seed, process count, mode, read, block,
+window, buffer, weights or mixture block differ where the order depends on them, or whose shards are not those the
+checkpoint pinned, is refused with one line (`check_resume`).
 An epoch is sum N_d // B steps (with a mixture, `num_epochs` counts passes over that many pairs, whatever the
 weights).
 
@@ -39,10 +46,14 @@ specs to the decoder (ncjax.data.web.decode: `input.num_threads` threads, or `in
 into shared memory) and assembles the host batch; the training loop takes finished batches, `input.prefetch` ahead.
 
 Faults (ncjax.data.web.store). A fault of the store is retried with backoff for `input.web.io_deadline_s` seconds, then
-stops the run with one line (its last checkpoint intact); a missing or changed shard is one error naming it. Only a
-record's own content (a sample missing from a cut tar, an image that does not decode, an empty or non-UTF-8
-caption) makes a bad record: it is counted in `input/skipped_records`, and its slot takes the next usable pair of
-this process's part of the batch (a repeat); input.on_bad_record='raise' raises with the id instead.
+stops the run with one line (its last checkpoint intact); every request has a timeout (`input.web.request_timeout_s`),
+so a store that stops answering is a fault too. A missing, changed or added shard is one error naming it: every
+shard is pinned to what the run listed at start-up (an object's generation and checksum, a local file's size,
+modification time and inode), checked on each open of it, in every mode, and the pins go with every checkpoint (a
+resume on changed data is refused). Only a record's own content (a sample missing from a cut tar, an image that does
+not decode, an empty or non-UTF-8 caption) makes a bad record: it is counted in `input/skipped_records`, and its
+slot takes the next usable pair of this process's part of the batch (a repeat); input.on_bad_record='raise' raises
+with the id instead, and more than `input.web.max_skipped_fraction` (1%) of the pairs read stops the run.
 
 Memory per process: the datasets' per-shard counts (S-long), the memory-mapped index (4 bytes per pair, one copy per
 host in the page cache), the bytes of at most two windows (block read) or `prefetch` + 2 steps (pair read), the
