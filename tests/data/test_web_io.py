@@ -208,6 +208,10 @@ def test_a_resume_is_refused_when_the_order_of_the_remaining_steps_would_differ(
     _data(root, read="block", block=16, process_count=2).check_resume(blocks)
   with pytest.raises(ValueError, match="input.web.mode"):
     _data(root, "stream", window=2, buffer=64).check_resume(blocks)
+  ds = web.open_dataset(root)
+  with pytest.raises(ValueError, match="input.shuffle_seed: checkpoint 3, now 4"):   # another seed, another order
+    web_pipeline.WebTrainData([ds], _tokenizer(), 40, 4, None, read="pair", image_size=8, process_index=0,
+                              process_count=1).check_resume(indexed)
 
 
 # --- bad records: only the record's own content ------------------------------------------------------------------
