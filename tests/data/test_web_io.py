@@ -310,7 +310,7 @@ def test_store_faults_are_retried_until_the_deadline_and_never_become_bad_record
                aiohttp.ClientConnectionError("reset"), _http_error(503), _http_error(429),
                OSError(errno.ECONNRESET, "reset by peer"), _http_error(401),
                __import__("ssl").SSLError(1, "[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC]"),
-               __import__("asyncio").IncompleteReadError(b"", 100)]
+               __import__("asyncio").IncompleteReadError(b"", 100), _listing_page_cut()]
   for e in transient:
     assert store.classify(e) == "transient", e
     flaky = _Flaky(e, 3)
@@ -324,12 +324,30 @@ def test_store_faults_are_retried_until_the_deadline_and_never_become_bad_record
                           (_http_error(404), "missing", store.ShardMissing),
                           (_http_error(403), "fatal", fileio.StorageError),
                           (PermissionError(errno.EACCES, "denied"), "fatal", fileio.StorageError),
-                          (OSError(errno.EIO, "disk"), "fatal", fileio.StorageError)):
+                          (OSError(errno.EIO, "disk"), "fatal", fileio.StorageError),
+                          (_json_error_of_ours(), "fatal", fileio.StorageError)):   # a file of ours, not the store
     assert store.classify(e) == kind, e
     flaky = _Flaky(e, 1)
     with pytest.raises(raised):
       policy.call(flaky, "gs://b/x.tar")
     assert flaky.calls == 1                                          # not retried
+
+
+def _json_error_of_ours():
+  try:
+    __import__("json").loads("{")
+  except ValueError as e:
+    return e
+
+
+def _listing_page_cut():
+  """A JSON error raised in gcsfs's code, as its parse of a listing page cut mid-body raises it."""
+  try:
+    exec(compile("import json; json.loads(text)", "<gcsfs>", "exec"), {"__name__": "gcsfs.core",
+                                                                       "text": '{"items": [{"na'})
+  except ValueError as e:
+    return e
+  raise AssertionError("parsed")
 
 
 def _http_error(code):

@@ -77,8 +77,11 @@ def classify(e: BaseException) -> str:
     return "missing"
   if isinstance(e, (ShardChanged, DataFormatError, PermissionError)):
     return "fatal"
+  import json
   if isinstance(e, (TimeoutError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError)):
     return "transient"
+  if isinstance(e, json.JSONDecodeError) and _raised_in(e, ("gcsfs", "aiohttp", "fsspec")):
+    return "transient"   # a listing page cut mid-body (a file of ours that does not parse is not the store's fault)
   import ssl
   if isinstance(e, ssl.SSLError):   # a TLS session cut mid-read (its errno is the TLS library's, not the OS's)
     return "transient"
@@ -97,6 +100,16 @@ def classify(e: BaseException) -> str:
   if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNO:
     return "transient"
   return "fatal"
+
+
+def _raised_in(e: BaseException, packages: tuple[str, ...]) -> bool:
+  tb = e.__traceback__
+  while tb is not None:
+    module = tb.tb_frame.f_globals.get("__name__", "")
+    if module.split(".")[0] in packages:
+      return True
+    tb = tb.tb_next
+  return False
 
 
 def _reason(e: BaseException) -> str:
@@ -171,7 +184,8 @@ class ObjectInfo:
 
 
 def _remote_info(path: str, entry: dict) -> ObjectInfo:
-  version = entry.get("generation") or entry.get("etag") or entry.get("ETag") or entry.get("mtime") or ""
+  version = entry.get("generation") or entry.get("VersionId") or entry.get("etag") or entry.get("ETag") or \
+      entry.get("mtime") or ""
   checksum = entry.get("crc32c") or entry.get("md5Hash") or ""
   return ObjectInfo(path, int(entry.get("size") or 0), str(version), checksum=str(checksum))
 
