@@ -11,8 +11,10 @@ Optional (paper Sec. 2.2): a per-sample moving average of u kept in method state
 Weight options (`loss.weights`), because with the paper's rates b = 0 the sampler is degenerate (methods.md §3.2):
   'paper'         b_+ = b_- = 0 as stated; the weighted probabilities follow a fixed Dirichlet, whatever s.
   'unit_prior'    rates b_+ = 1 + a_+, b_- = a_- so that the prior means are 1 and u s (a softmax-like
-                  probability) moves the weights: hard negatives weigh less, and w_+ falls from 1 to (1 + a_+) /
-                  (2 + a_+) as the positive grows confident. w_+ acts only through the denominator (methods.md
+                  probability) moves the weights: hard negatives weigh less, and w_+'s conditional mean
+                  (1 + a_+) / (u s_+ + 1 + a_+) falls from 1 as the positive grows confident — to 0.84 on average
+                  for a confident one, lower in draws where the exponential u makes u s_+ > 1 (44% of them; down
+                  to ~0.2: docs/methods.md, "Bayesian CL"). w_+ acts only through the denominator (methods.md
                   §3.1): a smaller w_+ pulls its positive harder, so noisy positives (w_+ near 1) are pulled a
                   little less than confident ones — by little (docs/methods.md, "Bayesian CL").
   'row_mean'      the paper's rates, each anchor's negative weights divided by their mean (and w_+ by its
