@@ -13,6 +13,7 @@ config section; the trainer (`ncjax.train`) and the evaluation (`ncjax.evaluatio
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import jax
@@ -25,6 +26,7 @@ from ncjax import models, pretrained, tokenizers
 from ncjax import sharding as shard_lib
 from ncjax.data import scores as scores_lib
 from ncjax.data.web import pipeline as web_pipeline
+from ncjax.data.profile import caption_profile
 from ncjax.data.concepts import concept_train_data
 from ncjax.data.noise import BatchTransform, NoisyIndex, batch_transform, noise_index
 from ncjax.data.pipeline import TrainData
@@ -33,6 +35,8 @@ from ncjax.data.specs import ConceptSpec, InputSpec, NoiseSpec, WebSpec
 from ncjax.methods import Method, MethodSetup, build_method, method_class
 from ncjax.models.microbatch import check_micro_batches
 from ncjax.options import Options, read_section
+
+log = logging.getLogger("ncjax")
 
 
 RANDOM_INIT = "random"   # method.init_from: start from random weights, on purpose
@@ -218,6 +222,9 @@ def check_train_on(resolved: Resolved) -> None:
         f"set one of them")
 
 
+PROFILE_CAPTIONS = 20_000   # web data: the captions a DataProfile counts (its first shards')
+
+
 def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
   """The whole experiment of a config. `saved_tokenizer`: the vocabulary of a checkpoint being resumed (else the
   init run's, else one built from the training captions)."""
@@ -245,6 +252,13 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
     else:
       train_data = concept_train_data(inp, resolved.concept, split, tokenizer, mesh, noisy,
                                       image_size=spec.image_size)
+  if resolved.options.wants_data_profile():   # settings left to the data ('auto'), chosen from it once, logged
+    web = web_pipeline.is_web(inp.dataset)
+    captions = web_pipeline.sample_captions(train_data.datasets, PROFILE_CAPTIONS) if web else split.captions
+    options, notes = resolved.options.from_data(caption_profile(captions, inp.global_batch_size))
+    resolved = dataclasses.replace(resolved, options=options)
+    for note in notes:
+      log.info("data-derived setting: %s", note)
   source = resolved.prior_scores_source()
   prior = (scores_lib.load_clean_scores(source, train_data.num_examples, train_data.noise_sha256)
            if source is not None else None)

@@ -61,6 +61,16 @@ def read_section(cls, section, *, renames: dict[str, str] | None = None, keep: t
 class Options:
   """Base of a method's options: every field says its section (`method_option` / `loss_option`)."""
 
+  def wants_data_profile(self) -> bool:
+    """True when a setting is left to the data ('auto'): the experiment then measures a DataProfile."""
+    return False
+
+  def from_data(self, profile) -> tuple["Options", list[str]]:
+    """The options with their 'auto' settings chosen from `profile` (ncjax.data.profile.DataProfile, measured on the
+    run's training pairs), and one note per choice (logged)."""
+    del profile
+    return self, []
+
   @classmethod
   def from_config(cls, config) -> "Options":
     values = {}

@@ -114,3 +114,43 @@ def test_the_clean_references_noise_auc_prints_a_dash():
                   metrics={"zeroshot/acc1": 0.9, "noise_detection/auc": math.nan}) for s in range(2)]
   table = ncbench.format_markdown(ncbench.aggregate(records), "clip")
   assert "nan" not in table and "90.0 ± 0.0" in table
+
+
+# --- a user's own data gets the public code's recipe (issue 46) ----------------------------------------------------
+GSC_PUBLIC_CODE = dict(warmup_epochs=0, beta=0.7, co_teaching=False, tau1=0.07, tau2=1.0, gamma=0.01)
+
+
+@pytest.mark.parametrize("data", ["tfds:web_pairs/custom_table", "web:/data/cc3m", "tfds:karpathy/flickr30k"])
+def test_gsc_on_a_users_data_defaults_to_the_public_codes_settings_but_the_data_derived_indicator(data):
+  from ncjax.methods.gsc import GSCOptions
+  options = GSCOptions.from_config(load_config("gsc", f"data={data}"))
+  for name, value in GSC_PUBLIC_CODE.items():
+    assert getattr(options, name) == value, name
+  assert options.indicator == "auto"                                  # the one data-derived setting, named
+  # the embedded data keep their presets (and their README results)
+  assert load_config("gsc", "").method.warmup_epochs == 20 and load_config("gsc", "").loss.indicator == "max_ratio"
+  assert load_config("gsc", "data=scenes").loss.indicator == "softmax"
+
+
+def test_the_indicator_left_to_the_data_is_chosen_from_how_often_a_caption_is_shared(caplog):
+  import logging
+  from ncjax.data.profile import caption_profile
+  from ncjax.methods.gsc import GSCOptions
+  digits = [f"a photo of the digit {i % 10}" for i in range(1000)]     # ten classes: ~25 per batch of 256
+  unique = [f"a red car number {i} by the sea" for i in range(1000)]
+  profile = caption_profile(digits, 256)
+  assert profile.shared_captions_per_batch == pytest.approx(99 * 255 / 999)
+  assert caption_profile(unique, 256).shared_captions_per_batch == 0.0
+  auto = GSCOptions(indicator="auto")
+  assert auto.from_data(profile)[0].indicator == "max_ratio"
+  assert auto.from_data(caption_profile(unique, 256))[0].indicator == "softmax"
+  assert GSCOptions(indicator="softmax").from_data(profile) == (GSCOptions(indicator="softmax"), [])
+  # through the experiment: chosen on the run's training captions and logged
+  from ncjax.experiment import build_experiment
+  cfg = load_config("gsc", "noise=0.4,batch=256,epochs=1,model=micro")   # embedded digits at its batch: 0.90
+  with cfg.unlocked():
+    cfg.loss.indicator = "auto"
+  with caplog.at_level(logging.INFO, logger="ncjax"):
+    exp = build_experiment(cfg)
+  assert exp.method.options.indicator == "max_ratio"
+  assert "GSC loss.indicator=auto -> 'max_ratio'" in caplog.text

@@ -35,13 +35,32 @@ class GSCOptions(Options):
   tau2: float = loss_option(1.0)
   gamma: float = loss_option(0.01)
   temperature: str = loss_option("fixed")    # 'fixed': S / tau1; 'model': the two-tower's learned scale
-  indicator: str = loss_option("softmax")    # y_CM: 'softmax' (public code) | 'max_ratio'
+  indicator: str = loss_option("softmax")    # y_CM: 'softmax' (public code) | 'max_ratio' | 'auto' (from the data)
+
+  # 'auto' picks max_ratio when a batch holds this many other pairs with a pair's exact caption, on average: a pair
+  # with k such twins has its softmax diagonal capped near 1 / (1 + k), so from about half the pairs meeting one the
+  # labels reflect the batch's duplicates as much as cleanness (embedded digits: 0.90 at batch 256 — and ten
+  # classes' worth of equivalent captions besides; scenes and web-like captions: 0.00)
+  SHARED_CAPTIONS_FOR_MAX_RATIO = 0.5
 
   def __post_init__(self):
     if self.temperature not in ("fixed", "model"):
       raise ValueError(f"unknown loss.temperature {self.temperature!r}; expected 'fixed' or 'model'")
-    if self.indicator not in gsc.INDICATORS:
-      raise ValueError(f"GSC indicator {self.indicator!r}; expected one of {gsc.INDICATORS}")
+    if self.indicator not in gsc.INDICATORS + ("auto",):
+      raise ValueError(f"GSC indicator {self.indicator!r}; expected one of {gsc.INDICATORS + ('auto',)}")
+
+  def wants_data_profile(self) -> bool:
+    return self.indicator == "auto"
+
+  def from_data(self, profile):
+    if self.indicator != "auto":
+      return self, []
+    shared = profile.shared_captions_per_batch
+    chosen = "max_ratio" if shared >= self.SHARED_CAPTIONS_FOR_MAX_RATIO else "softmax"
+    note = (f"GSC loss.indicator=auto -> {chosen!r}: a global batch of {profile.global_batch_size} holds "
+            f"{shared:.2f} other pairs with a pair's caption on average (counted over {profile.captions} captions; "
+            f"'max_ratio' from {self.SHARED_CAPTIONS_FOR_MAX_RATIO:g}, the public code's 'softmax' below)")
+    return dataclasses.replace(self, indicator=chosen), [note]
 
 
 @register("gsc")

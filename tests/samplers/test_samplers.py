@@ -107,7 +107,7 @@ def test_unit_prior_w_pos_conditional_mean_for_a_confident_positive():
   """What docs/methods.md says of `weights=unit_prior`: w+'s conditional mean (1 + a+) / (u s+ + 1 + a+) is ~1 for a
   positive that does not stand out, and for a confident one averages 0.84 and falls below 6/7 whenever the
   exponential u makes u s+ > 1 (44% of draws) — it is not bounded by [6/7, 1]."""
-  b, k, a_pos, a_neg = 4000, 255, 5.0, 10.0
+  b, k, a_pos, a_neg = 1500, 63, 5.0, 10.0   # (the negatives hardly matter next to e^10: 255 in the docs)
   out = {}
   for name, logit in (("confident", 10.0), ("even", 0.0)):
     log_u, _, _ = gamma.gibbs_log(jax.random.PRNGKey(0), jnp.full((b,), logit), jnp.zeros((b, k)), 1.0, 0.0, a_pos,
@@ -115,6 +115,6 @@ def test_unit_prior_w_pos_conditional_mean_for_a_confident_positive():
     us = np.exp(np.asarray(log_u) + logit)
     out[name] = (1 + a_pos) / (us + 1 + a_pos)
   confident, even = out["confident"], out["even"]
-  assert np.mean(confident < 6 / 7) == pytest.approx(0.44, abs=0.03)
+  assert np.mean(confident < 6 / 7) == pytest.approx(0.44, abs=0.04)
   assert confident.mean() == pytest.approx(0.84, abs=0.01) and confident.min() < 0.4
-  assert even.min() > 0.98
+  assert even.min() > 0.95 and even.mean() > 0.99                     # a positive that does not stand out
