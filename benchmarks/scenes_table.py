@@ -105,13 +105,17 @@ def train_runs(out: str, data_dir: str, seeds, only=None) -> None:
 
 
 def _final_metrics(workdir: str) -> dict:
-  last = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for row in map(json.loads, f):
-      for key in ("zeroshot/acc1", "retrieval/rsum", "noise_detection/auc"):
-        if key in row:
-          last[key] = float(row[key])
-  return last
+  """The final evaluation's zero-shot top-1, rsum and noise-detection AUC (eval/step_<last>.json)."""
+  steps = sorted(int(n[5:-5]) for n in os.listdir(os.path.join(workdir, "eval"))
+                 if n.startswith("step_") and n.endswith(".json"))
+  with open(os.path.join(workdir, "eval", f"step_{steps[-1]}.json")) as f:
+    records = json.load(f)["records"]
+  out = {}
+  for r in records:
+    for key, metric in (("noise_detection", "auc"), ("retrieval", "rsum"), ("zeroshot", "acc1")):
+      if r["evaluator"] == key and metric in r["metrics"]:
+        out[f"{key}/{metric}"] = float(r["metrics"][metric])
+  return out
 
 
 def report(out: str, seeds) -> list[dict]:
@@ -119,15 +123,14 @@ def report(out: str, seeds) -> list[dict]:
   for name in RUNS:
     runs = []
     for seed in seeds:
-      path = os.path.join(out, f"{name}_seed{seed}", "done.json")
-      if os.path.isfile(path):
-        with open(path) as f:
-          runs.append(json.load(f)["results"])
+      workdir = os.path.join(out, f"{name}_seed{seed}")
+      if os.path.isfile(os.path.join(workdir, "done.json")):
+        runs.append(_final_metrics(workdir))
     if not runs:
       continue
     row = dict(run=name, seeds=len(runs))
     for key in ("zeroshot/acc1", "retrieval/rsum", "noise_detection/auc"):
-      values = np.asarray([r.get(key, np.nan) for r in runs], np.float64)
+      values = np.asarray([r.get(key, np.nan) for r in runs], np.float64)   # (nan: CLIP has no noise AUC here)
       row[key] = (float(np.nanmean(values)), float(np.nanstd(values)))
     rows.append(row)
   print("| run | seeds | zero-shot % | rsum | noise AUC |\n|---|---|---|---|---|")

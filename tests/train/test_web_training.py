@@ -90,3 +90,16 @@ def test_a_streamed_run_resumed_after_a_shard_was_rewritten_stops_with_one_line_
   shutil.copy(os.path.join(tmp_path / "other", "00002.tar"), tar)
   with pytest.raises(errors.CheckpointError, match=r"cannot resume .*00002.tar changed \(size:version then"):
     train.train(cfg, str(tmp_path / "run"))
+
+
+@pytest.mark.slow   # (make test keeps tests/data/test_web_io.py's SkipGuard test; this is the same through train)
+def test_a_run_whose_bad_records_exceed_max_skipped_fraction_stops_with_one_line(tmp_path):
+  from ncjax import errors
+  root = str(tmp_path / "broken")
+  web_synthetic.write_img2dataset(root, 320, per_shard=80, image_size=24, pool=16,
+                                  corrupt_images=tuple(range(0, 320, 4)))   # a quarter of the images do not decode
+  cfg = _config(f"web:{root}", **{"input.web.mode": "stream", "input.web.max_skipped_fraction": 0.1})
+  with pytest.raises(errors.DataError, match=r"of the \d+ web pairs read since the run started were bad records .*"
+                                             r"input.web.max_skipped_fraction=0.1") as raised:
+    train.train(cfg, str(tmp_path / "run"))
+  assert "\n" not in str(raised.value)                               # one line (the CLI prints it as it is)
