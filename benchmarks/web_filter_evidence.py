@@ -14,10 +14,17 @@ seed = the seed), each pair's .json carrying its clean flag (ground truth for th
    clean 60% (the oracle), for the same number of steps as on all pairs (more passes over fewer pairs);
 4. every CLIP evaluated on the 400 held-out scenes: zero-shot (the large object's colour, 8 classes) and rsum.
 
+5. (issue 46, `--rows=external`) the filter users actually run, DataComp's CLIP score: a scorer trained on *other*
+   data, which has not memorised this pool's noisy captions — CLIP trained on 2,000 other scenes of the same domain
+   with their true captions (ids from EXTERNAL_FIRST_ID, clean), for the same steps as the noisy CLIP; its
+   similarity audited over the pool, the 60% it keeps trained on; and GSC's labels combined with it (the mean of the
+   two scores' ranks).
+
 Runs are skipped when their result exists (rerun the same command to continue after an interruption).
 
   .venv/bin/python -m benchmarks.web_filter_evidence --seeds=0,1,2 --steps=280 --workdir=/tmp/wfe \\
       --out=docs/notes/web_filter_scenes_cpu.md
+  .venv/bin/python -m benchmarks.web_filter_evidence --rows=external --seeds=0,1,2 --workdir=/tmp/wfe
 """
 
 from __future__ import annotations
@@ -54,6 +61,49 @@ def write_data(root: str, seed: int) -> dict:
                                         clean=noisy.clean, per_shard=500)
   web_index.build_index(root, workers=1, clean_key="clean")
   return dict(pairs=len(split.captions), noisy=int((~noisy.clean).sum()))
+
+
+EXTERNAL_FIRST_ID = 2_000_000   # scene ids of the external scorer's clean data: disjoint from train and test
+
+
+def write_external_data(root: str, n: int = 2000) -> dict:
+  """Other scenes of the same domain with their true captions (the external scorer's training data), indexed."""
+  from ncjax.data.embedded import scenes
+  from ncjax.data.web import index as web_index
+  from ncjax.data.web import synthetic as web_synthetic
+  pixels, captions = [], []
+  for i in range(EXTERNAL_FIRST_ID, EXTERNAL_FIRST_ID + n):
+    desc = scenes.scene(i)
+    pixels.append(np.clip(np.round(scenes.render(desc, 24) * 255), 0, 255).astype(np.uint8))
+    rng = np.random.Generator(np.random.PCG64([scenes.SEED, i, 1]))
+    captions.append(scenes.caption(desc, int(rng.choice(len(scenes._FORMS))), rng))   # noqa: SLF001
+  web_synthetic.write_pairs_img2dataset(root, np.stack(pixels), captions, image_of=np.arange(n),
+                                        clean=np.ones(n, bool), per_shard=500)
+  web_index.build_index(root, workers=1, clean_key="clean")
+  return dict(pairs=n)
+
+
+def combined_filter(base: str, data: str, parts: list[str], path: str) -> None:
+  """A filter keeping the KEEP fraction with the best mean rank over several audits' scores (a pair an audit could
+  not score ranks last there)."""
+  if os.path.exists(os.path.join(path, "manifest.json")):
+    return
+  from ncjax.data.web import dataset as web
+  from ncjax.data.web import score_files, subset
+  ds = web.open_dataset(data, clean_key="clean")
+  ranks = []
+  for part in parts:
+    out = os.path.join(base, f"audit_{part}")
+    score = np.full(ds.num_examples, -np.inf)
+    for _, _, first, n, cols in score_files.scan(out, score_files.require_manifest(out), ["score"]):
+      score[first:first + n] = np.nan_to_num(np.asarray(cols["score"], np.float64), nan=-np.inf)
+    ranks.append(np.argsort(np.argsort(score, kind="stable"), kind="stable") / max(1, len(score) - 1))
+  mean_rank = np.mean(ranks, axis=0)
+  flags = np.zeros(ds.num_examples, bool)
+  flags[np.argsort(-mean_rank, kind="stable")[:int(round(KEEP * ds.num_examples))]] = True
+  subset.write_filter(path, [subset.dataset_identity(ds)], [subset.pack(flags)],
+                      dict(keep=KEEP, min_score=None, per_dataset=False, combined=parts),
+                      dict(kind="mean rank", parts=parts))
 
 
 def _cli(args: list[str], log: str) -> float:
@@ -102,11 +152,11 @@ def train(workdir: str, config: str, seed: int, *extra, evals: bool = True) -> d
   return out
 
 
-def audit(run: str, out: str, score: str, seed: int) -> dict:
+def audit(run: str, out: str, score: str, seed: int, dataset: str = "") -> dict:
   path = os.path.join(out, "audit.json")
   if not os.path.exists(path):
     seconds = _cli(["audit", f"--checkpoint={run}", f"--output={out}", f"--score={score}", "--progress_every=0",
-                    "--top=100", "--sample=50"], out + ".log")
+                    "--top=100", "--sample=50", *([f"--dataset={dataset}"] if dataset else [])], out + ".log")
     with open(out + ".log") as f:
       rate = [line for line in f if "pairs/s" in line]
     with open(path) as f:
@@ -128,6 +178,51 @@ def oracle_filter(data: str, path: str) -> None:
   flags = ds.clean_flags(np.arange(ds.num_examples))
   subset.write_filter(path, [subset.dataset_identity(ds)], [subset.pack(flags)], dict(keep=None, min_score=None,
                       per_dataset=False, oracle=True), dict(kind="ground truth"))
+
+
+def run_external(base: str, seed: int, steps: int) -> dict:
+  """Step 5: the external scorer, alone and combined with GSC's labels (GSC and its audit as in run_seed)."""
+  os.makedirs(base, exist_ok=True)
+  data, external = os.path.join(base, "data"), os.path.join(base, "external")
+  if not os.path.exists(os.path.join(data, "_ncjax_index", "manifest.json")):
+    write_data(data, seed)
+  if not os.path.exists(os.path.join(external, "_ncjax_index", "manifest.json")):
+    write_external_data(external)
+  web = f"web:{data}"
+  clip_cfg = f"clip:model=tiny_scenes,data={web},batch=256"
+  scorer = train(os.path.join(base, "clip_external_scorer"), f"clip:model=tiny_scenes,data=web:{external},batch=256",
+                 seed, f"--config.num_steps={steps}", evals=False)
+  gsc = train(os.path.join(base, "gsc"), f"gsc:setting=scenes,data={web}", seed, f"--config.num_steps={steps}")
+  audits = dict(external=audit(os.path.join(base, "clip_external_scorer"), os.path.join(base, "audit_external"),
+                               "similarity", seed, dataset=web),
+                gsc=audit(os.path.join(base, "gsc"), os.path.join(base, "audit_gsc"), "method", seed))
+  rows = {}
+  filt = os.path.join(base, "filter_external")
+  if not os.path.exists(os.path.join(filt, "manifest.json")):
+    _cli(["filter", f"--scores={os.path.join(base, 'audit_external')}", f"--keep={KEEP}", f"--output={filt}"],
+         filt + ".log")
+  rows["external"] = train(os.path.join(base, "clip_external"), clip_cfg, seed, f"--config.num_steps={steps}",
+                           f"--config.input.web.filter={filt}")
+  combined_filter(base, data, ["gsc", "external"], os.path.join(base, "filter_gsc_external"))
+  rows["gsc_external"] = train(os.path.join(base, "clip_gsc_external"), clip_cfg, seed, f"--config.num_steps={steps}",
+                               f"--config.input.web.filter={os.path.join(base, 'filter_gsc_external')}")
+  return dict(rows=rows, audits=audits, scorer=scorer, gsc=gsc)
+
+
+def external_table(results: dict) -> str:
+  seeds = sorted(results)
+  lines = [f"Seeds: {', '.join(map(str, seeds))} (mean ± standard deviation over seeds).", "",
+           "| CLIP trained on | scorer's noise AUC | truly noisy among its 100 most suspicious | pairs | zero-shot % | "
+           "rsum |", "|---|---|---|---|---|---|"]
+  r = lambda key: [results[s]["rows"][key] for s in seeds]
+  a = [results[s]["audits"]["external"] for s in seeds]
+  lines.append(f"| the 60% kept by an external CLIP's similarity (trained on 2,000 other clean scenes, same steps) | "
+               f"{_mean_sd([x['auc'] for x in a])} | {_pct([x['top_noisy_fraction'] for x in a])} | 1,200 | "
+               f"{_pct([x['zeroshot'] for x in r('external')])} | {_num([x['rsum'] for x in r('external')])} |")
+  lines.append(f"| the 60% kept by GSC's labels and the external CLIP's similarity (mean rank) | - | - | 1,200 | "
+               f"{_pct([x['zeroshot'] for x in r('gsc_external')])} | "
+               f"{_num([x['rsum'] for x in r('gsc_external')])} |")
+  return "\n".join(lines)
 
 
 def run_seed(base: str, seed: int, steps: int) -> dict:
@@ -201,15 +296,19 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=280)
   p.add_argument("--workdir", default="/tmp/web_filter_evidence")
   p.add_argument("--out", default="")
+  p.add_argument("--rows", default="all", choices=("all", "external"),
+                 help="external: only step 5 (the external scorer and its combination with GSC's labels)")
   args = p.parse_args(argv)
   results = {}
+  run = run_external if args.rows == "external" else run_seed
   for seed in [int(s) for s in args.seeds.split(",") if s]:
     t = time.time()
-    results[seed] = run_seed(os.path.join(args.workdir, f"seed{seed}"), seed, args.steps)
+    results[seed] = run(os.path.join(args.workdir, f"seed{seed}"), seed, args.steps)
     print(f"seed {seed}: {time.time() - t:.0f} s", json.dumps(results[seed], default=str)[:2000], flush=True)
-    with open(os.path.join(args.workdir, "results.json"), "w") as f:
+    name = "results.json" if args.rows == "all" else "results_external.json"
+    with open(os.path.join(args.workdir, name), "w") as f:
       json.dump(results, f, indent=1)
-  text = table(results)
+  text = external_table(results) if args.rows == "external" else table(results)
   print(text)
   if args.out:
     with open(args.out, "a") as f:

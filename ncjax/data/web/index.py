@@ -506,7 +506,8 @@ class WebIndex:
       return cls(index_dir, manifest, index_dir)
     local = cache_dir_of(index_dir, cache_dir)
     stall = policy.deadline_s + policy.request_timeout_s
-    with _host_lock(os.path.join(local, ".lock"), stall):   # one process per host downloads; the others wait, then map it
+    # one process per host downloads; the others wait (giving up on a stalled download), then map it
+    with _host_lock(os.path.join(local, ".lock"), stall):
       _remove_stale_partials(local)
       for name in (manifest["offsets_file"], manifest.get("clean_file")):
         if name and not os.path.isfile(os.path.join(local, name)):   # content-addressed: present means whole

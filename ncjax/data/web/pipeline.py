@@ -184,7 +184,8 @@ class WebTrainData:
   def __init__(self, datasets: list[web.WebDataset], tokenizer, global_batch_size: int, seed: int, mesh=None, *,
                mode: str = "auto", read: str = "auto", block: int = 64, shuffle_pairs: int = 4096, weights=(),
                resample: bool = False, window: int = 8, buffer: int = 2048, mix_block: int = 1000,
-               noise: PermutedNoise | BlockNoise | DatasetNoise | None = None, image_size: int = 224, normalization: str = "openai",
+               noise: PermutedNoise | BlockNoise | DatasetNoise | None = None, image_size: int = 224,
+               normalization: str = "openai",
                augment: bool = True, crop_scale=(0.9, 1.0), on_bad_record: str = "skip", num_threads: int = 8,
                prefetch: int = 4, decoder: str = "pil", workers: int = 0, max_inflight: int = 64,
                io_deadline_s: float = store.DEFAULT_DEADLINE_S, request_timeout_s: float = 60.0,
@@ -679,8 +680,8 @@ class SkipGuard:
     if self.fraction < 1 and self.read >= self.after and self.skipped > self.fraction * self.read:
       raise BadRecordError(f"{self.skipped} of the {self.read} web pairs read since the run started were bad records "
                            f"({100 * self.skipped / self.read:.2f}% > input.web.max_skipped_fraction="
-                           f"{self.fraction:g}), each replaced by a repeat: input.on_bad_record='raise' names the first "
-                           f"one; repair or re-index the data, or raise input.web.max_skipped_fraction")
+                           f"{self.fraction:g}), each replaced by a repeat: input.on_bad_record='raise' names the "
+                           f"first one; repair or re-index the data, or raise input.web.max_skipped_fraction")
 
 
 def separate_own_images(ids: np.ndarray, perm: np.ndarray, b: int, holder: np.ndarray, rng: np.random.Generator,
