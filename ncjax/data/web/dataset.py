@@ -111,7 +111,7 @@ class WebDataset:
     import hashlib
     import json
     import zlib
-    rows = [[web_index.relative(self.root, p), pin] for p, pin in zip(self.shards, self.pins)]
+    rows = [[web_index.relative(self.root, p), _portable(p, pin)] for p, pin in zip(self.shards, self.pins)]
     text = json.dumps(rows, separators=(",", ":"))
     return dict(digest=hashlib.sha256(text.encode()).hexdigest(),
                 pins=base64.b64encode(zlib.compress(text.encode(), 6)).decode())
@@ -125,7 +125,7 @@ class WebDataset:
     if not record or not record.get("digest") or record["digest"] == now["digest"]:
       return ""
     then = dict(json.loads(zlib.decompress(base64.b64decode(record["pins"]))))
-    current = {web_index.relative(self.root, p): pin for p, pin in zip(self.shards, self.pins)}
+    current = {web_index.relative(self.root, p): _portable(p, pin) for p, pin in zip(self.shards, self.pins)}
     for name in sorted(set(then) | set(current)):
       if then.get(name) != current.get(name):
         if name not in current:
@@ -232,6 +232,12 @@ class WebDataset:
       return True
     value = sample.json().get(self.clean_key)
     return True if value is None else bool(readers.clean_flag(value, f"{self.name}/{sample.key}"))
+
+
+def _portable(path: str, pin: str) -> str:
+  """A pin as a checkpoint records it: a local file's without its inode (the hosts of a pod, or a restarted host,
+  hold their own copies: same size and modification time when copied with rsync -a / cp -p, not the same inode)."""
+  return pin if fileio.is_remote(path) else ":".join(pin.split(":")[:2])
 
 
 def parse_run(ds: WebDataset, s: int, start: int, first_id: int, n: int, data: bytes) -> dict[int, Sample]:
