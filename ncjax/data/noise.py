@@ -224,8 +224,9 @@ class PermutedNoise:
     m = self.num_noisy
     return Permutation(self.n, self.seed, self.TAG), (Permutation(m, self.seed, self.TAG, 1) if m else None)
 
-  def image_of(self, ids) -> np.ndarray:
-    """The pair whose image caption `ids` is shown with."""
+  def _follow(self, ids, forward: bool) -> np.ndarray:
+    """Each id's pair one step along the noise (forward: the image its caption shows; back: whose caption shows its
+    image): a noisy rank r moves through Q (or, deranged, to the next / previous rank of Q's single cycle)."""
     ids = np.asarray(ids, np.int64)
     p, q = self._perms
     out = ids.copy()
@@ -235,24 +236,20 @@ class PermutedNoise:
     noisy = rank < q.n
     if noisy.any():
       r = rank[noisy]
-      target = q((q.inverse(r) + 1) % q.n) if self.derangement else q(r)
-      out[noisy] = p.inverse(np.asarray(target, np.int64))
+      if self.derangement:
+        moved = q((q.inverse(r) + (1 if forward else -1)) % q.n)
+      else:
+        moved = q(r) if forward else q.inverse(r)
+      out[noisy] = p.inverse(np.asarray(moved, np.int64))
     return out
+
+  def image_of(self, ids) -> np.ndarray:
+    """The pair whose image caption `ids` is shown with."""
+    return self._follow(ids, True)
 
   def holder_of(self, ids) -> np.ndarray:
     """The pair whose caption is shown with the image of `ids` (image_of's inverse)."""
-    ids = np.asarray(ids, np.int64)
-    p, q = self._perms
-    out = ids.copy()
-    if q is None:
-      return out
-    rank = np.asarray(p(ids), np.int64).reshape(ids.shape)
-    noisy = rank < q.n
-    if noisy.any():
-      r = rank[noisy]
-      source = q((q.inverse(r) - 1) % q.n) if self.derangement else q.inverse(r)
-      out[noisy] = p.inverse(np.asarray(source, np.int64))
-    return out
+    return self._follow(ids, False)
 
   def clean(self, ids) -> np.ndarray:
     return self.image_of(ids) == np.asarray(ids, np.int64)
