@@ -190,19 +190,27 @@ def _remote_info(path: str, entry: dict) -> ObjectInfo:
   return ObjectInfo(path, int(entry.get("size") or 0), str(version), checksum=str(checksum))
 
 
-def _local_info(path: str) -> ObjectInfo:
-  st = os.stat(path)
+def _stat_info(path: str, st: os.stat_result) -> ObjectInfo:
   return ObjectInfo(path, int(st.st_size), str(st.st_mtime_ns), inode=int(st.st_ino))
 
 
-def check_pin(path: str, pin: str, policy: "RetryPolicy | None" = None, what: str = "this run listed it") -> None:
+def _local_info(path: str) -> ObjectInfo:
+  return _stat_info(path, os.stat(path))
+
+
+def _pin_changed(path: str, pin: str, now: str) -> "ShardChanged":
+  return ShardChanged(f"{path} changed since this run listed it (size:version then {pin}, now {now}): its pairs "
+                      f"would not be the ones the run's ids name; restore it, or start a new run (and rebuild the "
+                      f"index)")
+
+
+def check_pin(path: str, pin: str, policy: "RetryPolicy | None" = None) -> None:
   """Raise ShardChanged (one line naming the shard) when `path` is no longer the file `pin` describes."""
   if not pin:
     return
   now = info(path, policy).pin
   if now != pin:
-    raise ShardChanged(f"{path} changed since {what} (size:version then {pin}, now {now}): its pairs would not be "
-                       f"the ones the run's ids name; restore it, or start a new run (and rebuild the index)")
+    raise _pin_changed(path, pin, now)
 
 
 def bound_requests(seconds: float) -> None:
@@ -289,13 +297,10 @@ class _LocalFiles:
       if entry is None:
         fd = os.open(path, os.O_RDONLY)
         if pin:   # the file opened must be the one listed (same size, modification time and inode)
-          st = os.fstat(fd)
-          now = ObjectInfo(path, int(st.st_size), str(st.st_mtime_ns), inode=int(st.st_ino)).pin
+          now = _stat_info(path, os.fstat(fd)).pin
           if now != pin:
             os.close(fd)
-            raise ShardChanged(f"{path} changed since this run listed it (size:version then {pin}, now {now}): its "
-                               f"pairs would not be the ones the run's ids name; restore it, or start a new run "
-                               f"(and rebuild the index)")
+            raise _pin_changed(path, pin, now)
         entry = [fd, 0]
       entry[1] += 1
       self.fds[path] = entry
