@@ -304,6 +304,13 @@ REGION_PRESETS = {
 }
 
 
+def region_preset(data) -> str:
+  """The region preset of the data a config is given: 'synthetic' on the embedded precomp_synthetic, the public
+  code's 'paper' on any other (a user's precomp data is BUTD's 36 x 2048 regions as F30K's and COCO's; other
+  features are named by --config.model.region.feature_dim, which the run checks against the data)."""
+  return "synthetic" if data is None or data in EMBEDDED_DATASETS else "paper"
+
+
 def region_noise(c, noise: float, noise_file: str = ""):
   """NCR's caption-shuffle noise at `noise`, or one of the shared noise files (a per-caption int64 image index,
   `noise_file_by_caption/...` of NCR / DECL / GSC / L2RM) when `noise_file` is given."""

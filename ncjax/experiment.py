@@ -222,6 +222,25 @@ def check_train_on(resolved: Resolved) -> None:
         f"set one of them")
 
 
+def check_region_features(spec: models.ModelSpec, split) -> None:
+  """A region model's `model.region.feature_dim` against the data's region features (a user's precomp data may be
+  other than BUTD's 2048): one line naming the fix, before any parameter is built."""
+  if not spec.is_region or not len(split.images):
+    return
+  images = split.images
+  if isinstance(images, np.ndarray):
+    first = images[0]
+  elif getattr(images, "kind", None) == "features":
+    first = images.raw(0)
+  else:
+    return
+  dim, expected = int(np.shape(first)[-1]), int(spec.region["feature_dim"])
+  if dim != expected:
+    raise errors.ConfigurationError(
+        f"{split.name}: its region features are {dim}-dimensional and model.region.feature_dim is {expected}: pass "
+        f"--config.model.region.feature_dim={dim}")
+
+
 PROFILE_CAPTIONS = 20_000   # web data: the captions a DataProfile counts (its first shards')
 
 
@@ -243,6 +262,7 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
     noisy = None   # the web path's noise is computed on demand (train_data.noise)
   else:
     split = data_lib.load_split(inp, inp.split, spec.image_size)
+    check_region_features(spec, split)
     tokenizer = resolved.tokenizer.build(split.captions, saved=saved_tokenizer, vocabulary=split.vocabulary)
     noisy = noise_index(resolved.noise, split.caption_to_image)
     if resolved.noise.train_on == "clean" and noisy is not None:   # the perfect filter: only the intact pairs
@@ -255,7 +275,8 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
   if resolved.options.wants_data_profile():   # settings left to the data ('auto'), chosen from it once, logged
     web = web_pipeline.is_web(inp.dataset)
     captions = web_pipeline.sample_captions(train_data.datasets, PROFILE_CAPTIONS) if web else split.captions
-    options, notes = resolved.options.from_data(caption_profile(captions, inp.global_batch_size))
+    profile = caption_profile(captions, inp.global_batch_size, steps_per_epoch=train_data.steps_per_epoch)
+    options, notes = resolved.options.from_data(profile)
     resolved = dataclasses.replace(resolved, options=options)
     for note in notes:
       log.info("data-derived setting: %s", note)

@@ -117,19 +117,76 @@ def test_the_clean_references_noise_auc_prints_a_dash():
 
 
 # --- a user's own data gets the public code's recipe (issue 46) ----------------------------------------------------
-GSC_PUBLIC_CODE = dict(warmup_epochs=0, beta=0.7, co_teaching=False, tau1=0.07, tau2=1.0, gamma=0.01)
+TABLE, WEB, TFDS, PRECOMP = ("tfds:web_pairs/custom_table", "web:/data/cc3m", "tfds:karpathy/flickr30k",
+                             "tfds:precomp/mine")
+# For each method's default command on a user's data: (config, argument, the public code's (or, where none is public,
+# the paper's) settings, the named data-derived or documented exceptions). methods.md gives every public value.
+NCU_PUBLIC = {"method.forget_ratio": 0.1, "method.forget_score": "row", "method.n_ctx": 8,
+              "method.train_text_in_prompt": True, "method.weight_decay_prompt": 0.2, "method.epochs_prompt": 2,
+              "optim.weight_decay": 0.2, "optim.b2": 0.98, "loss.kappa": 0.7, "loss.epsilon": 0.03,
+              "loss.sinkhorn_iterations": 100, "loss.sinkhorn_threshold": 1e-4, "loss.lambda_rel": 10.0,
+              "loss.lambda_sep_prompt": 10.0, "loss.lambda_sep": 1.0, "loss.rel": "code"}
+NCU_DERIVED = {"method.frozen_text_blocks": -1, "method.prompt_min_steps": 80}   # 5 of 12 by depth; >= 80 steps
+REGION_PUBLIC = {"model.size": "sgraf", "model.region.feature_dim": 2048, "model.region.word_dim": 300,
+                 "model.region.sim_dim": 256, "model.region.head": "sgr", "model.region.word_dropout": 0.4,
+                 "input.global_batch_size": 128, "optim.lr": 2e-4, "optim.grad_clip_norm": 2.0, "loss.margin": 0.2,
+                 "loss.reduction": "sum", "loss.all_negatives_epochs": 0}
+DEFAULTS_CARRY = [
+    ("gsc", TABLE, dict(**{"method.warmup_epochs": 0, "method.beta": 0.7, "method.co_teaching": False,
+                           "loss.tau1": 0.07, "loss.tau2": 1.0, "loss.gamma": 0.01}),
+     {"loss.indicator": "auto"}),                            # chosen from how often a caption is shared (logged)
+    ("gsc", WEB, {"method.warmup_epochs": 0, "loss.tau1": 0.07}, {"loss.indicator": "auto"}),
+    ("gsc", TFDS, {"method.warmup_epochs": 0, "loss.tau1": 0.07}, {"loss.indicator": "auto"}),
+    ("gsc", f"{PRECOMP},backbone=sgraf", dict(REGION_PUBLIC, **{
+        "method.warmup_epochs": 0, "loss.indicator": "softmax", "num_epochs": 60, "optim.name": "adam",
+        "optim.decay_every_epochs": 15, "optim.decay_factor": 0.2, "model.region.text_structure": "attention"}), {}),
+    ("ncu", TABLE, NCU_PUBLIC, NCU_DERIVED),
+    ("ncu", f"{WEB},init=openai:/models/ViT-B-32.pt", dict(NCU_PUBLIC, **{
+        "method.lr_prompt": 3e-4, "method.lr_text": 1e-4, "method.lr_unlearn": 5e-5, "optim.warmup_steps": 100,
+        "optim.grad_clip_norm": 0.0, "num_epochs": 8}), NCU_DERIVED),
+    # Bayesian CL has no public code: the paper's rates and sweeps; `weights` and `tau` are the documented
+    # departures (b = 0 is degenerate, methods.md §3.2; the model's temperature, not e^cos).
+    ("bayes", TABLE, {"loss.a_u": 1.0, "loss.b_u": 0.0, "loss.a_pos": 5.0, "loss.a_neg": 10.0, "loss.n_sweeps": 2,
+                      "loss.w_init": 1.0}, {"loss.weights": "unit_prior", "loss.tau": 0.0}),
+    ("siglip", TABLE, {"model.logit_scale_init": math.log(10.0), "model.logit_bias_init": -10.0}, {}),
+    ("sgraf", PRECOMP, dict(REGION_PUBLIC, **{"num_epochs": 40, "optim.decay_every_epochs": 30}), {}),
+    ("disncl", PRECOMP, dict(REGION_PUBLIC, **{
+        "num_epochs": 50, "method.warmup_epochs": 5, "method.subspace_dim": 512, "method.hidden": 256,
+        "method.gamma": 0.5, "method.beta1": 0.1, "method.beta2": 0.1, "method.beta3": 0.5, "loss.margin_base": 10.0,
+        "optim.decay_every_epochs": 25}), {}),
+]
 
 
-@pytest.mark.parametrize("data", ["tfds:web_pairs/custom_table", "web:/data/cc3m", "tfds:karpathy/flickr30k"])
-def test_gsc_on_a_users_data_defaults_to_the_public_codes_settings_but_the_data_derived_indicator(data):
-  from ncjax.methods.gsc import GSCOptions
-  options = GSCOptions.from_config(load_config("gsc", f"data={data}"))
-  for name, value in GSC_PUBLIC_CODE.items():
-    assert getattr(options, name) == value, name
-  assert options.indicator == "auto"                                  # the one data-derived setting, named
-  # the embedded data keep their presets (and their README results)
+def _at(config, dotted):
+  for key in dotted.split("."):
+    config = config[key]
+  return config
+
+
+@pytest.mark.parametrize("name,arg,public,derived", DEFAULTS_CARRY,
+                         ids=[f"{n}-{a.split(',')[0]}" + ("-" + a.split(",")[1] if "," in a else "")
+                              for n, a, _, _ in DEFAULTS_CARRY])
+def test_every_methods_default_on_a_users_data_is_its_public_codes_recipe_but_the_named_data_derived(
+    name, arg, public, derived):
+  config = load_config(name, f"data={arg}")
+  for key, value in {**public, **derived}.items():
+    assert _at(config, key) == pytest.approx(value) if isinstance(value, float) else _at(config, key) == value, key
+  from ncjax.methods import method_class
+  options = method_class(config.method.name).Options.from_config(config)   # what the method is built from
+  assert options.wants_data_profile() == bool({"loss.indicator", "method.prompt_min_steps"} & set(derived))
+
+
+def test_the_embedded_data_keep_their_presets():
+  """Digits and scenes keep their recipes (and their README results): the 'data' presets are for other data."""
   assert load_config("gsc", "").method.warmup_epochs == 20 and load_config("gsc", "").loss.indicator == "max_ratio"
   assert load_config("gsc", "data=scenes").loss.indicator == "softmax"
+  ncu = load_config("ncu", "").method
+  assert (ncu.forget_ratio, ncu.epochs_prompt, ncu.frozen_text_blocks, ncu.prompt_min_steps) == (0.4, 4, 1, 0)
+  scenes = load_config("ncu", "data=scenes").method
+  assert (scenes.forget_ratio, scenes.epochs_prompt, scenes.prompt_min_steps) == (0.1, 12, 0)
+  for name in ("sgraf", "disncl"):
+    assert load_config(name, "").model.size == "sgraf_small"
+  assert load_config("gsc", "backbone=sgraf").model.size == "sgraf_small"
 
 
 def test_the_indicator_left_to_the_data_is_chosen_from_how_often_a_caption_is_shared(caplog):

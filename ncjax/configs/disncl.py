@@ -6,6 +6,8 @@
 The paper's settings: warm-up 5 epochs of L_align with the constant margin 0.2, then 50 epochs of the full
 objective, Adam 2e-4 x0.1 after 25 epochs, batch 128, subspaces of 512, MLPs with 256 hidden units and
 LeakyReLU(0.2), gamma = 0.5, beta1 = beta2 = 0.1, beta3 = 0.5, margin base m = 10.
+setting: 'synthetic' (the embedded precomp_synthetic's small model, the default there) or 'paper' (the default on any
+other data: your precomp features; another feature size: --config.model.region.feature_dim=D).
 Reconstructed pieces (no public code; each an option, see README "DisNCL"): loss.margin_kind (default 'exponential':
 NCR / BiCro's alpha (m^y - 1) / (m - 1) with m = loss.margin_base), the clean confidence y (diagonal softmax of
 H / loss.temperature), L_soft's targets (bootstrapped with beta3), critics on mean-pooled regions / words.
@@ -16,11 +18,12 @@ from ncjax.config_lib import optional
 
 
 def get_config(arg=None):
-  args = config_lib.parse_arg(arg, setting="synthetic", model=optional(str), data=optional(str), noise=optional(float),
+  args = config_lib.parse_arg(arg, setting=optional(str), model=optional(str), data=optional(str), noise=optional(float),
                               noise_file="", batch=optional(int), epochs=optional(int), warmup=optional(int),
                               lr=optional(float), head=optional(str), feature_dim=optional(int),
                               word_dim=optional(int), sim_dim=optional(int), margin_kind="exponential",
                               subspace=optional(int))
+  args.setting = args.setting or config_lib.region_preset(args.data)
   a = config_lib.with_preset(args, config_lib.REGION_PRESETS, args.setting)
   paper = args.setting == "paper"
   c = config_lib.base_config()

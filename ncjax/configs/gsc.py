@@ -15,7 +15,8 @@ optimiser (Adam, lr 2e-4, gradient clipping at 2 per network, lr x0.2 every 15 e
 'digits' the embedded data's recipe, 'scenes' the same with the public code's softmax indicator (the default on
 data=scenes); 'data' — the default on any other data (a user's table, web shards, Flickr30K, ...) — digits'
 optimiser with the public code's method settings (no warm-up) and the indicator chosen from the data
-(indicator=auto, logged at start-up). Arguments left out take the preset's value.
+(indicator=auto, logged at start-up); on the region backbone (backbone=sgraf) any data but the embedded
+precomp_synthetic gets 'paper', the public code's whole recipe. Arguments left out take the preset's value.
 
 indicator: y_CM, the cross-modal half of the soft label. 'softmax' is the public code's softmax diagonal (the
 paper preset); digits uses 'max_ratio' (the diagonal relative to its row's best match): ten classes put ~25
@@ -60,11 +61,14 @@ PRESETS = {
 
 
 
-def data_preset(data) -> str:
-  """The preset of the data a config is given: the embedded datasets' own, 'data' for anything else."""
+def data_preset(data, backbone: str = "two_tower") -> str:
+  """The preset of the data a config is given: the embedded datasets' own, 'data' for anything else — on SGRAF's
+  region backbone 'paper', the public code's whole recipe (a user's precomp data is F30K's kind)."""
   if data == "scenes":
     return "scenes"
-  return "digits" if data is None or data in config_lib.EMBEDDED_DATASETS else "data"
+  if data is None or data in config_lib.EMBEDDED_DATASETS:
+    return "digits"
+  return "paper" if backbone == "sgraf" else "data"
 
 
 def get_config(arg=None):
@@ -73,7 +77,7 @@ def get_config(arg=None):
                               batch=optional(int), epochs=optional(int), coteach=False, gamma=0.01,
                               lr=optional(float), init="", temperature="fixed", warmup=optional(int),
                               backbone="two_tower", head=optional(str), indicator=optional(str))
-  args.setting = args.setting or data_preset(args.data)
+  args.setting = args.setting or data_preset(args.data, args.backbone)
   a = config_lib.with_preset(args, PRESETS, args.setting)
   c = config_lib.base_config()
   c.method.name = "gsc"

@@ -6,8 +6,14 @@ from OpenAI's weights (the checkpoint sets the architecture) or from an ncjax CL
       --config.input.data_dir=/data/tfds --workdir=/runs/ncu_b32
 Digits demo (from a CLIP trained on 40%-noisy digits):
   python -m ncjax.main --config=configs/ncu.py:init=/tmp/clip --workdir=/tmp/ncu --cpu_devices=8
-Arguments: setting (a preset: paper | digits | scenes; default: scenes on data=scenes, else digits), method
-(ncu | ncu_ga), model, data, init (an ncjax CLIP workdir, or
+On your own data (a table, web shards, any tfds dataset) the 'data' preset applies: the public script's forget ratio
+0.1 and text blocks frozen (5 of 12, scaled to the model's text depth), the prompt stage its 2 epochs or 80 steps,
+whichever is longer on this data (logged as a data-derived setting); from init=openai:/open_clip:/hf: also the
+public script's rates and schedule:
+  python -m ncjax.main --config=configs/ncu.py:data=tfds:web_pairs/custom_table,init=/runs/clip_mine \
+      --config.input.data_dir=/data/tfds --workdir=/runs/ncu_mine
+Arguments: setting (a preset: paper | digits | scenes | data; default: the embedded data's own preset, 'data' on any
+other data), method (ncu | ncu_ga), model, data, init (an ncjax CLIP workdir, or
 openai:PATH / open_clip:PATH / hf:DIR), batch, noise, epochs (the unlearning stage's: every method's `epochs` is its
 main stage's), epochs_prompt (the prompt stage before it), ratio (the per-batch forget fraction P), forget_from
 (batch | scores), forget_scores, forget_threshold. An argument left out takes the preset's value.
@@ -27,6 +33,7 @@ from ncjax.config_lib import optional
 PRESETS = {
     "paper": dict(
         model="ViT-B/16", data="tfds:web_pairs/cc3m", batch=2048, epochs=8, epochs_prompt=2, ratio=0.1,
+        prompt_min_steps=0,
         noise=0.0,                 # CC3M's noise is real
         frozen_text_blocks=5,      # the code freezes 5 of 12 text blocks
         lr_prompt=3e-4, lr_text=1e-4, lr_unlearn=5e-5, lr_ga=5e-5, warmup_steps=100,
@@ -38,7 +45,7 @@ PRESETS = {
         evals=False,               # web-scale data has no labelled test split: add your own benchmark evaluators
         ckpt_every=1000, log_every=50),
     "digits": dict(
-        model="tiny", data="digits", batch=256, epochs=16, epochs_prompt=4, ratio=0.4,
+        model="tiny", data="digits", batch=256, epochs=16, epochs_prompt=4, ratio=0.4, prompt_min_steps=0,
         noise=0.4,                 # digits gets NCR caption-shuffle noise
         frozen_text_blocks=1,      # tiny has 2 text blocks
         lr_prompt=2e-3, lr_text=2e-4, lr_unlearn=2e-4,
@@ -52,10 +59,31 @@ PRESETS = {
     # of every prompted caption (8 prompt tokens + at most 30 words).
     "scenes": dict(
         model="tiny_scenes", data="scenes", batch=256, epochs=16, epochs_prompt=12, ratio=0.1, noise=0.4,
-        frozen_text_blocks=1, lr_prompt=2e-3, lr_text=2e-4, lr_unlearn=2e-4, lr_ga=5e-6, warmup_steps=5,
-        schedule_scope="stage", schedule_offset_epochs=0, grad_clip_norm=1.0, bf16=False, evals=True, ckpt_every=0,
+        prompt_min_steps=0, frozen_text_blocks=1, lr_prompt=2e-3, lr_text=2e-4, lr_unlearn=2e-4, lr_ga=5e-6,
+        warmup_steps=5, schedule_scope="stage", schedule_offset_epochs=0, grad_clip_norm=1.0, bf16=False, evals=True, ckpt_every=0,
         log_every=10),
+    # Any other data (a user's table, web shards, a tfds dataset): the public script's method settings — forget
+    # ratio 0.1, 5 of 12 text blocks frozen (scaled to the model's text depth: -1) — with the small models'
+    # optimiser of the embedded presets, and the one setting whose meaning depends on the data's size chosen on it:
+    # the prompt stage lasts the public code's 2 epochs or 80 steps, whichever is longer (logged at start-up).
+    # From an imported pretrained CLIP (init=openai:/open_clip:/hf:) the public script's rates and schedule apply.
+    "data": dict(
+        model="tiny", data="digits", batch=256, epochs=16, epochs_prompt=2, prompt_min_steps=80, ratio=0.1,
+        noise=0.0, frozen_text_blocks=-1, lr_prompt=2e-3, lr_text=2e-4, lr_unlearn=2e-4, lr_ga=5e-6,
+        warmup_steps=5, schedule_scope="stage", schedule_offset_epochs=0, grad_clip_norm=1.0, bf16=False,
+        evals=True, ckpt_every=0, log_every=10),
 }
+# What `data` takes from `paper` when the run starts from an imported pretrained CLIP (the public script's start).
+PRETRAINED_IMPORT = ("openai:", "open_clip:", "hf:")
+PUBLIC_OPTIMISER = ("epochs", "lr_prompt", "lr_text", "lr_unlearn", "lr_ga", "warmup_steps", "schedule_scope",
+                    "schedule_offset_epochs", "grad_clip_norm", "ckpt_every", "log_every")
+
+
+def data_preset(data) -> str:
+  """The preset of the data a config is given: the embedded datasets' own, 'data' for anything else."""
+  if data == "scenes":
+    return "scenes"
+  return "digits" if data is None or data in config_lib.EMBEDDED_DATASETS else "data"
 
 
 def get_config(arg=None):
@@ -63,8 +91,11 @@ def get_config(arg=None):
                               data=optional(str), batch=optional(int), noise=optional(float), epochs=optional(int),
                               epochs_prompt=optional(int), ratio=optional(float), forget_from="batch",
                               forget_scores="", forget_threshold=-1.0)
-  setting = args.setting or ("scenes" if args.data == "scenes" else "digits")   # the data's own preset by default
-  a = config_lib.with_preset(args, PRESETS, setting)
+  setting = args.setting or data_preset(args.data)   # the data's own preset by default
+  presets = PRESETS
+  if setting == "data" and args.init.startswith(PRETRAINED_IMPORT):
+    presets = dict(PRESETS, data=dict(PRESETS["data"], **{k: PRESETS["paper"][k] for k in PUBLIC_OPTIMISER}))
+  a = config_lib.with_preset(args, presets, setting)
   c = config_lib.base_config()
   c.method.name = a.method
   c.method.init_from = a.init
@@ -83,7 +114,8 @@ def get_config(arg=None):
   c.method.forget_threshold = a.forget_threshold
   c.method.n_ctx = 8
   c.method.train_text_in_prompt = True  # public code; False = the paper's "only the visual encoder frozen" reading
-  c.method.frozen_text_blocks = a.frozen_text_blocks
+  c.method.frozen_text_blocks = a.frozen_text_blocks   # -1: the public code's 5 of 12, scaled to the text depth
+  c.method.prompt_min_steps = a.prompt_min_steps       # > 0: epochs_prompt raised to cover it on this data (logged)
   c.method.lr_prompt = a.lr_prompt
   c.method.lr_text = a.lr_text
   c.method.lr_unlearn = a.lr_unlearn

@@ -4,8 +4,9 @@ noisy-correspondence retrieval methods (NCR, GSC, DisNCL) on the same backbone.
   python -m ncjax.main --config=configs/sgraf.py:noise=0.4 --workdir=/tmp/sgraf --cpu_devices=8
   python -m ncjax.main --config=configs/sgraf.py:setting=paper,noise=0.4 --config.input.data_dir=/data/tfds \\
       --workdir=/runs/sgraf_f30k
-Presets (ncjax.config_lib.REGION_PRESETS): 'synthetic' (default: the embedded precomp_synthetic data, a small
-model) and 'paper' (F30K precomp, 36 x 2048 regions, the SGRAF sizes, 40 epochs, lr x0.1 after 30 as NCR).
+Presets (ncjax.config_lib.REGION_PRESETS): 'synthetic' (the default on the embedded precomp_synthetic data, a
+small model) and 'paper' (F30K precomp, 36 x 2048 regions, the SGRAF sizes, 40 epochs, lr x0.1 after 30 as NCR: the
+default on any other data — your precomp features; another feature size: --config.model.region.feature_dim=D).
 Arguments: setting, data, noise (NCR caption shuffle), noise_file (a shared NCR / DECL noise file: per-caption int64
 image index), batch, epochs, lr, head ('sgr' | 'saf').
 """
@@ -15,10 +16,11 @@ from ncjax.config_lib import optional
 
 
 def get_config(arg=None):
-  args = config_lib.parse_arg(arg, setting="synthetic", model=optional(str), data=optional(str), noise=optional(float),
+  args = config_lib.parse_arg(arg, setting=optional(str), model=optional(str), data=optional(str), noise=optional(float),
                               noise_file="", batch=optional(int), epochs=optional(int), lr=optional(float),
                               head=optional(str), feature_dim=optional(int), word_dim=optional(int),
                               sim_dim=optional(int))
+  args.setting = args.setting or config_lib.region_preset(args.data)
   a = config_lib.with_preset(args, config_lib.REGION_PRESETS, args.setting)
   c = config_lib.base_config()
   c.method.name = "sgraf"

@@ -7,8 +7,8 @@ One run, one config, two stages (resumable in either):
     logit_scale train at lr_text as in the public code (method.train_text_in_prompt=False freezes them, as the paper
     states); the prompt trains at lr_prompt.
   * 'unlearn' (num_epochs epochs: the main stage): the masked-OT unlearning loss (ncjax.losses.ncu.unlearning). The
-    prompt, the first `frozen_text_blocks` text blocks (5 of 12 in the code) and the text positional embedding are
-    frozen; everything else trains at lr_unlearn; logit_scale is clamped to [0, ln 100] after every step.
+    prompt, the first `frozen_text_blocks` text blocks (5 of 12 in the code; -1 scales that share to the model's
+    text depth) and the text positional embedding are frozen; everything else trains at lr_unlearn; logit_scale is clamped to [0, ln 100] after every step.
 The forget set is re-selected on every global batch from the current model (stop-gradient). Per-sample state keeps
 each example's last clean confidence and whether it was forgotten, for noise-detection metrics.
 The model starts from a CLIP checkpoint (`method.init_from`: an ncjax run or a pretrained spec).
@@ -72,9 +72,50 @@ class NCUOptions(ForgetOptions):
   lr_unlearn: float = method_option(5e-5)
   weight_decay_prompt: float = method_option(0.2)
   train_text_in_prompt: bool = method_option(True)
+  # -1: the public code's 5 of 12 scaled to this model's text depth (ViT-B: 5; tiny's 2 blocks: 1); see text_blocks_frozen
   frozen_text_blocks: int = method_option(5)
+  # > 0: the prompt stage lasts at least this many steps — epochs_prompt is raised to cover them on this data
+  # (from_data). The public code's 2 epochs are ~2,900 steps of CC3M but 2 steps of a 1,000-pair table; a prompt
+  # trained for 20 steps left the negative prompt's cosine to its caption at +0.5..0.7, far from L_sep's
+  # [-0.7, -0.2] band, and 84 steps reached it (configs/ncu.py, the scenes preset).
+  prompt_min_steps: int = method_option(0)
   prompt: ncu_loss.PromptOptions = nested_options(ncu_loss.PromptOptions, section="loss")
   unlearning: ncu_loss.UnlearningOptions = nested_options(ncu_loss.UnlearningOptions, section="loss")
+
+  PUBLIC_FROZEN_TEXT_BLOCKS = (5, 12)   # the code freezes resblocks 0-4 of CLIP's 12 (methods.md §1.1)
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.frozen_text_blocks < -1:
+      raise ValueError(f"method.frozen_text_blocks={self.frozen_text_blocks}; expected a count >= 0, or -1 (the "
+                       f"public code's 5 of 12 scaled to the model's text depth)")
+    if self.epochs_prompt < 0 or self.prompt_min_steps < 0:
+      raise ValueError(f"method.epochs_prompt={self.epochs_prompt}, method.prompt_min_steps="
+                       f"{self.prompt_min_steps}: expected counts >= 0")
+
+  def text_blocks_frozen(self, text_depth: int | None) -> int:
+    """How many leading text blocks the unlearning stage freezes: `frozen_text_blocks`, or with -1 the public
+    code's share of a 12-block text tower (5/12, rounded half up) of `text_depth`."""
+    if self.frozen_text_blocks >= 0:
+      return self.frozen_text_blocks
+    if not text_depth:
+      raise ValueError("method.frozen_text_blocks=-1 scales the public code's 5 of 12 to the text tower's depth, "
+                       "and this model's text tower states none: set method.frozen_text_blocks to a count")
+    frozen, of = self.PUBLIC_FROZEN_TEXT_BLOCKS
+    return int(frozen * text_depth / of + 0.5)
+
+  def wants_data_profile(self) -> bool:
+    return self.prompt_min_steps > 0
+
+  def from_data(self, profile):
+    if self.prompt_min_steps <= 0:
+      return self, []
+    per_epoch = max(int(profile.steps_per_epoch), 1)
+    epochs = max(self.epochs_prompt, -(-self.prompt_min_steps // per_epoch))
+    note = (f"NCU method.epochs_prompt={self.epochs_prompt} -> {epochs}: the prompt stage lasts at least "
+            f"method.prompt_min_steps={self.prompt_min_steps} steps, and an epoch of this data is {per_epoch} "
+            f"step(s) of {profile.global_batch_size}")
+    return dataclasses.replace(self, epochs_prompt=epochs), [note]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +237,7 @@ class NCU(_ForgetStateMixin, TwoTowerMethod):
     prompt_stage = Stage("prompt", o.epochs_prompt, (Update("prompt", self.prompt_stage_loss, tuple(
         frozen + [ParamGroup(r"prompt/.*", o.lr_prompt, o.weight_decay_prompt, name="prompt")] + text_groups
         + [ParamGroup(".*", None, name="frozen_rest")])),), post_update=stored_clamps(self.model_spec))
-    blocks = "|".join(str(i) for i in range(o.frozen_text_blocks))
+    blocks = "|".join(str(i) for i in range(o.text_blocks_frozen(self.model_spec.towers["text"].get("depth"))))
     frozen_text = (rf"model/txt/(transformer/block_({blocks})/.*|pos_embedding)" if blocks
                    else r"model/txt/pos_embedding")
     unlearn_stage = self.main_stage("unlearn", (Update(

@@ -49,6 +49,29 @@ def test_ncu_stages_train_and_freeze_the_right_groups(clip_run, tmp_path):
   assert 0.0 <= float(done["model/logit_scale"]) <= math.log(100) + 1e-6
 
 
+def test_on_a_users_data_the_prompt_stage_covers_its_minimum_steps_and_frozen_blocks_scale_with_depth(clip_run,
+                                                                                                    caplog):
+  """The 'data' preset's data-derived prompt length (logged) and its depth-scaled freeze (5 of 12 -> 1 of 2)."""
+  import logging
+  from ncjax.experiment import build_experiment
+  cfg = ncu_config(clip_run, **{"method.frozen_text_blocks": -1, "method.prompt_min_steps": 50})
+  with caplog.at_level(logging.INFO, logger="ncjax"):
+    exp = build_experiment(cfg)
+  spe = exp.steps_per_epoch
+  assert -(-50 // spe) > 1                                   # the minimum is longer than the one epoch asked for
+  prompt, unlearn = exp.method.stages()
+  assert exp.method.options.epochs_prompt == prompt.epochs == -(-50 // spe)
+  assert f"NCU method.epochs_prompt=1 -> {prompt.epochs}" in caplog.text
+  frozen = {g.name: g.pattern for g in unlearn.updates[0].param_groups}["text_frozen"]
+  assert "block_(0)/" in frozen                              # round(5 * 2 / 12) = 1 of the two text blocks
+  from ncjax.methods.ncu import NCUOptions
+  assert [NCUOptions(frozen_text_blocks=-1).text_blocks_frozen(d) for d in (1, 2, 4, 12, 24)] == [0, 1, 2, 5, 10]
+  assert NCUOptions(frozen_text_blocks=3).text_blocks_frozen(12) == 3
+  long_enough = NCUOptions(epochs_prompt=2, prompt_min_steps=80)
+  from ncjax.data.profile import DataProfile
+  assert long_enough.from_data(DataProfile(0.0, 10, 2048, steps_per_epoch=1400))[0].epochs_prompt == 2   # CC3M
+
+
 def test_ncu_steps_on_8_devices_equal_steps_on_1_across_both_stages(clip_run, tmp_path, devices):
   """The prompt epoch (22 steps of 64 on digits), then 4 steps of the unlearning stage (masked OT over the global
   batch; no warm-up, so that the stage moves the weights well past the tolerance: until 2026-11-25 its 5-step

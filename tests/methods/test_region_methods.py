@@ -30,12 +30,14 @@ def ncr_precomp(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name,arg,extra", [
-    pytest.param("sgraf", "batch=8,epochs=1", {"loss.all_negatives_epochs": 1}, marks=pytest.mark.slow),
+    # the small presets (on a user's precomp data the default is the public code's full-size recipe)
+    pytest.param("sgraf", "setting=synthetic,batch=8,epochs=1", {"loss.all_negatives_epochs": 1},
+                 marks=pytest.mark.slow),
     # GSC's label machinery is the two-tower one (tested there); its SGRAF structures are tested in
     # tests/models/test_sgraf_model.py.
-    pytest.param("gsc", "backbone=sgraf,batch=8,epochs=2,warmup=0", {}, marks=pytest.mark.slow),
+    pytest.param("gsc", "backbone=sgraf,setting=digits,batch=8,epochs=2,warmup=0", {}, marks=pytest.mark.slow),
     # make test-all (41 s); make test steps DisNCL in test_disncl_reconstructed_pieces_... and test_recipes.py
-    pytest.param("disncl", "batch=8,epochs=1,warmup=1", {}, marks=pytest.mark.slow)])
+    pytest.param("disncl", "setting=synthetic,batch=8,epochs=1,warmup=1", {}, marks=pytest.mark.slow)])
 def test_region_methods_train_and_evaluate_from_ncr_precomp_files(name, arg, extra, ncr_precomp, tmp_path,
                                                                   monkeypatch):
   cfg = make_config(name, arg + ",data=tfds:precomp/f30k_precomp,noise=0.4", **TINY, **extra,
@@ -120,6 +122,13 @@ def test_ncr_vocabulary_file_is_kept_by_the_build_and_used_by_the_word_tokenizer
   tok = build_experiment(cfg).tokenizer
   assert tok.vocab[4:] == ["a", "near", "dog", "cat", "and"]
   assert tok.encode(["a dog near a horse"])[0][:7].tolist() == [2, 4, 6, 5, 4, 1, 3]   # horse: <unk>
+  # the default command on a user's precomp data is the public recipe (BUTD's 2048-d regions); features of another
+  # size get one line naming the fix before anything is built
+  from ncjax import errors
+  with pytest.raises(errors.ConfigurationError, match=r"f30k_precomp.*region features are 64-dimensional and "
+                     r"model.region.feature_dim is 2048: pass --config.model.region.feature_dim=64"):
+    build_experiment(make_config("sgraf", "data=tfds:precomp/f30k_precomp",
+                                 **{"input.data_dir": str(tmp_path / "tfds")}))
 
 
 @pytest.mark.parametrize("config", ["sgraf", "gsc_sgraf"])
