@@ -18,7 +18,8 @@ from ncjax.config_lib import optional
 
 
 def get_config(arg=None):
-  args = config_lib.parse_arg(arg, setting=optional(str), model=optional(str), data=optional(str), noise=optional(float),
+  args = config_lib.parse_arg(arg, setting=optional(str), model=optional(str), data=optional(str),
+                              noise=optional(float),
                               noise_file="", batch=optional(int), epochs=optional(int), warmup=optional(int),
                               lr=optional(float), head=optional(str), feature_dim=optional(int),
                               word_dim=optional(int), sim_dim=optional(int), margin_kind="exponential",

@@ -60,8 +60,8 @@ PRESETS = {
     "scenes": dict(
         model="tiny_scenes", data="scenes", batch=256, epochs=16, epochs_prompt=12, ratio=0.1, noise=0.4,
         prompt_min_steps=0, frozen_text_blocks=1, lr_prompt=2e-3, lr_text=2e-4, lr_unlearn=2e-4, lr_ga=5e-6,
-        warmup_steps=5, schedule_scope="stage", schedule_offset_epochs=0, grad_clip_norm=1.0, bf16=False, evals=True, ckpt_every=0,
-        log_every=10),
+        warmup_steps=5, schedule_scope="stage", schedule_offset_epochs=0, grad_clip_norm=1.0, bf16=False, evals=True,
+        ckpt_every=0, log_every=10),
     # Any other data (a user's table, web shards, a tfds dataset): the public script's method settings — forget
     # ratio 0.1, 5 of 12 text blocks frozen (scaled to the model's text depth: -1) — with the small models'
     # optimiser of the embedded presets, and the one setting whose meaning depends on the data's size chosen on it:

@@ -8,7 +8,8 @@ One run, one config, two stages (resumable in either):
     states); the prompt trains at lr_prompt.
   * 'unlearn' (num_epochs epochs: the main stage): the masked-OT unlearning loss (ncjax.losses.ncu.unlearning). The
     prompt, the first `frozen_text_blocks` text blocks (5 of 12 in the code; -1 scales that share to the model's
-    text depth) and the text positional embedding are frozen; everything else trains at lr_unlearn; logit_scale is clamped to [0, ln 100] after every step.
+    text depth) and the text positional embedding are frozen; everything else trains at lr_unlearn; logit_scale is
+    clamped to [0, ln 100] after every step.
 The forget set is re-selected on every global batch from the current model (stop-gradient). Per-sample state keeps
 each example's last clean confidence and whether it was forgotten, for noise-detection metrics.
 The model starts from a CLIP checkpoint (`method.init_from`: an ncjax run or a pretrained spec).
@@ -72,7 +73,7 @@ class NCUOptions(ForgetOptions):
   lr_unlearn: float = method_option(5e-5)
   weight_decay_prompt: float = method_option(0.2)
   train_text_in_prompt: bool = method_option(True)
-  # -1: the public code's 5 of 12 scaled to this model's text depth (ViT-B: 5; tiny's 2 blocks: 1); see text_blocks_frozen
+  # -1: the public code's 5 of 12 scaled to the model's text depth (ViT-B: 5; tiny's 2 blocks: 1): text_blocks_frozen
   frozen_text_blocks: int = method_option(5)
   # > 0: the prompt stage lasts at least this many steps — epochs_prompt is raised to cover them on this data
   # (from_data). The public code's 2 epochs are ~2,900 steps of CC3M but 2 steps of a 1,000-pair table; a prompt
