@@ -241,7 +241,45 @@ def check_region_features(spec: models.ModelSpec, split) -> None:
         f"--config.model.region.feature_dim={dim}")
 
 
-PROFILE_CAPTIONS = 20_000   # web data: the captions a DataProfile counts (its first shards')
+PROFILE_CAPTIONS = 20_000   # the captions a DataProfile counts (web data: its first shards'), and a context sample
+
+
+# A text tower trained from scratch takes its context from the captions when its named size's is too short: the
+# longest caption's tokens (start and end included), rounded up to a multiple of 8, at most CLIP's 77.
+MAX_DATA_CONTEXT = 77
+
+
+def context_from_data(resolved: Resolved, captions, vocabulary=None) -> tuple[Resolved, str | None]:
+  """`resolved` with a text context long enough for these captions, and the note saying so (None: unchanged).
+
+  A named CPU size fixes a context made for its embedded data (tiny: 16 tokens, for ten-class digits captions); a
+  user's captions are often longer, and truncating them all silently loses what tells a caption from another (3,000
+  scenes as a user's table: every caption cut at 16 of its 17-32 tokens). Only a run that trains its text tower
+  from scratch (no `method.init_from`) and leaves `model.context_length` unset is changed: a checkpoint fixes its
+  context, and an explicit setting is the user's. The chosen length is written into the config, so checkpoints and
+  `ncjax eval` rebuild the same model."""
+  config = resolved.config
+  if (config.model.get("context_length") is not None or config.method.init_from or not len(captions)
+      or resolved.input.dataset in data_lib.DATASETS):   # the embedded datasets: their presets chose the context
+    return resolved, None
+  have = resolved.model.context_length
+  captions = list(captions)[::max(1, len(captions) // PROFILE_CAPTIONS)]   # an even sample of a large dataset
+  probe = dataclasses.replace(resolved.tokenizer, context_length=MAX_DATA_CONTEXT + 1).build(
+      captions, vocabulary=vocabulary)
+  lengths = np.sum(probe.encode(captions) != probe.pad_id, axis=1)
+  longest = int(lengths.max())
+  if longest <= have:
+    return resolved, None
+  wanted = min(MAX_DATA_CONTEXT, -(-longest // 8) * 8)
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.model.context_length = wanted
+  config.lock()
+  note = (f"model.context_length {have} -> {wanted}: {float(np.mean(lengths > have)):.0%} of {len(lengths)} "
+          f"training captions are longer than {have} tokens (the longest: {longest}"
+          f"{'' if longest <= MAX_DATA_CONTEXT else f', cut at {MAX_DATA_CONTEXT}'}); "
+          f"--config.model.context_length=N sets it")
+  return resolve(config), note
 
 
 def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
@@ -263,6 +301,10 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
   else:
     split = data_lib.load_split(inp, inp.split, spec.image_size)
     check_region_features(spec, split)
+    resolved, note = context_from_data(resolved, split.captions, split.vocabulary)
+    if note:
+      config, spec = resolved.config, resolved.model
+      log.info("data-derived setting: %s", note)
     tokenizer = resolved.tokenizer.build(split.captions, saved=saved_tokenizer, vocabulary=split.vocabulary)
     noisy = noise_index(resolved.noise, split.caption_to_image)
     if resolved.noise.train_on == "clean" and noisy is not None:   # the perfect filter: only the intact pairs

@@ -211,3 +211,30 @@ def test_the_indicator_left_to_the_data_is_chosen_from_how_often_a_caption_is_sh
     exp = build_experiment(cfg)
   assert exp.method.options.indicator == "max_ratio"
   assert "GSC loss.indicator=auto -> 'max_ratio'" in caplog.text
+
+
+def test_a_text_tower_trained_from_scratch_takes_its_context_from_the_users_captions(tmp_path, caplog):
+  """tiny's 16 tokens were made for digits captions; a user's longer captions are not cut silently (issue 46): the
+  context is the longest caption's tokens rounded up to 8, written into the config (checkpoints, `ncjax eval`) and
+  logged — unless the user set it, or a checkpoint fixes it."""
+  import logging
+  from PIL import Image
+  from helpers import make_config
+  from ncjax.experiment import build_experiment
+  words = "red green blue small large round square bright dark soft".split()
+  lines = ["filepath,title"]
+  for i in range(32):
+    Image.fromarray(np.full((16, 16, 3), 8 * i, np.uint8)).save(tmp_path / f"{i}.png")
+    lines.append(f'{i}.png,"' + " ".join(words[(i + k) % 10] for k in range(12 + i % 9)) + '"')   # 12-20 words
+  (tmp_path / "pairs.csv").write_text("\n".join(lines) + "\n")
+  data = f"data=table:{tmp_path / 'pairs.csv'},model=micro,batch=8,epochs=1"
+  with caplog.at_level(logging.INFO, logger="ncjax"):
+    exp = build_experiment(make_config("clip", data))
+  assert exp.model_spec.context_length == exp.tokenizer.context_length == 24       # 20 words + start + end = 22
+  assert exp.config.model.context_length == 24
+  # 20 of the 32 captions have 15+ words (i % 9 >= 3): 17+ tokens
+  assert "model.context_length 16 -> 24: 62% of 32 training captions are longer than 16 tokens" in caplog.text
+  tokens = exp.tokenizer.encode(["a"] * 1)
+  assert tokens.shape == (1, 24)
+  assert build_experiment(make_config("clip", data, **{"model.context_length": 16})).model_spec.context_length == 16
+  assert build_experiment(make_config("clip", "model=micro,batch=8,epochs=1")).model_spec.context_length == 16
