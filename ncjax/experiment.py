@@ -249,6 +249,26 @@ PROFILE_CAPTIONS = 20_000   # the captions a DataProfile counts (web data: its f
 MAX_DATA_CONTEXT = 77
 
 
+def _with_context(resolved: Resolved, context: int) -> Resolved:
+  config = resolved.config.copy_and_resolve_references()
+  with config.unlocked():
+    config.model.context_length = int(context)
+  config.lock()
+  return resolve(config)
+
+
+def context_of_checkpoint(resolved: Resolved, saved_tokenizer: dict | None) -> tuple[Resolved, str | None]:
+  """`resolved` with the text context of the checkpoint it starts from or resumes (its saved tokenizer's), when
+  `model.context_length` is unset and the named size's differs: an ncjax run's context may have been chosen on its
+  data (context_from_data), and its position embeddings have that length."""
+  if saved_tokenizer is None or resolved.config.model.get("context_length") is not None:
+    return resolved, None
+  saved, have = saved_tokenizer.get("context_length"), resolved.model.context_length
+  if saved is None or int(saved) == have:
+    return resolved, None
+  return _with_context(resolved, saved), f"model.context_length {have} -> {saved}: the checkpoint's"
+
+
 def context_from_data(resolved: Resolved, captions, vocabulary=None) -> tuple[Resolved, str | None]:
   """`resolved` with a text context long enough for these captions, and the note saying so (None: unchanged).
 
@@ -256,7 +276,7 @@ def context_from_data(resolved: Resolved, captions, vocabulary=None) -> tuple[Re
   user's captions are often longer, and truncating them all silently loses what tells a caption from another (3,000
   scenes as a user's table: every caption cut at 16 of its 17-32 tokens). Only a run that trains its text tower
   from scratch (no `method.init_from`) and leaves `model.context_length` unset is changed: a checkpoint fixes its
-  context, and an explicit setting is the user's. The chosen length is written into the config, so checkpoints and
+  context (context_of_checkpoint), and an explicit setting is the user's. The chosen length is written into the config, so checkpoints and
   `ncjax eval` rebuild the same model."""
   config = resolved.config
   if (config.model.get("context_length") is not None or config.method.init_from or not len(captions)
@@ -271,15 +291,11 @@ def context_from_data(resolved: Resolved, captions, vocabulary=None) -> tuple[Re
   if longest <= have:
     return resolved, None
   wanted = min(MAX_DATA_CONTEXT, -(-longest // 8) * 8)
-  config = config.copy_and_resolve_references()
-  with config.unlocked():
-    config.model.context_length = wanted
-  config.lock()
   note = (f"model.context_length {have} -> {wanted}: {float(np.mean(lengths > have)):.0%} of {len(lengths)} "
           f"training captions are longer than {have} tokens (the longest: {longest}"
           f"{'' if longest <= MAX_DATA_CONTEXT else f', cut at {MAX_DATA_CONTEXT}'}); "
           f"--config.model.context_length=N sets it")
-  return resolve(config), note
+  return _with_context(resolved, wanted), note
 
 
 def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
@@ -292,6 +308,10 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
   if saved_tokenizer is None:
     saved_tokenizer = resolved.init.saved_tokenizer()
   check_train_on(resolved)
+  resolved, note = context_of_checkpoint(resolved, saved_tokenizer)
+  if note:
+    config, spec = resolved.config, resolved.model
+    log.info("data-derived setting: %s", note)
   main_stage_steps = None
   if web_pipeline.is_web(inp.dataset):   # img2dataset output at any size: nothing N-long in memory
     train_data, tokenizer = web_pipeline.train_data(inp, resolved.noise, resolved.concept, resolved.tokenizer,

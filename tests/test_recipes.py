@@ -237,4 +237,12 @@ def test_a_text_tower_trained_from_scratch_takes_its_context_from_the_users_capt
   tokens = exp.tokenizer.encode(["a"] * 1)
   assert tokens.shape == (1, 24)
   assert build_experiment(make_config("clip", data, **{"model.context_length": 16})).model_spec.context_length == 16
+  # a run that starts from (or resumes) this one's checkpoint takes its context with its tokenizer, whatever its
+  # named size says (NCU unlearning this CLIP: position embeddings of 24)
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger="ncjax"):
+    follow = build_experiment(make_config("clip", "model=micro,batch=8,epochs=1"),
+                              saved_tokenizer=exp.tokenizer.to_json())
+  assert follow.model_spec.context_length == follow.config.model.context_length == 24
+  assert "model.context_length 16 -> 24: the checkpoint's" in caplog.text
   assert build_experiment(make_config("clip", "model=micro,batch=8,epochs=1")).model_spec.context_length == 16
