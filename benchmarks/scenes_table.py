@@ -14,6 +14,9 @@ Runs (3 seeds; tiny_deep, batch 256, 40 epochs, 8 CPU devices; every run evaluat
   clip           configs/clip.py:data=tfds:web_pairs/custom_table,model=tiny_deep,epochs=40
 
   .venv/bin/python -m benchmarks.scenes_table --out=/tmp/scenes_table [--seeds=0,1,2] [--only=gsc_default]
+NC-bench on the same table (every method's default command; docs/notes/ncbench_scenes_table_cpu.md):
+  .venv/bin/ncjax ncbench --config=configs/ncbench.py:data=tfds:web_pairs/custom_table,noise=0,seeds=3,\
+methods=clip+gsc+ncu+bayes+siglip --config.bench.data_dir=/tmp/scenes_table/tfds --workdir=/tmp/nb_table
 """
 
 from __future__ import annotations
