@@ -283,6 +283,8 @@ def context_from_data(resolved: Resolved, captions, vocabulary=None) -> tuple[Re
       or resolved.input.dataset in data_lib.DATASETS):   # the embedded datasets: their presets chose the context
     return resolved, None
   have = resolved.model.context_length
+  if have >= MAX_DATA_CONTEXT:   # nothing to raise it to (CLIP's sizes): no probe at start-up
+    return resolved, None
   captions = list(captions)[::max(1, len(captions) // PROFILE_CAPTIONS)]   # an even sample of a large dataset
   probe = dataclasses.replace(resolved.tokenizer, context_length=MAX_DATA_CONTEXT + 1).build(
       captions, vocabulary=vocabulary)
