@@ -276,8 +276,8 @@ def context_from_data(resolved: Resolved, captions, vocabulary=None) -> tuple[Re
   user's captions are often longer, and truncating them all silently loses what tells a caption from another (3,000
   scenes as a user's table: every caption cut at 16 of its 17-32 tokens). Only a run that trains its text tower
   from scratch (no `method.init_from`) and leaves `model.context_length` unset is changed: a checkpoint fixes its
-  context (context_of_checkpoint), and an explicit setting is the user's. The chosen length is written into the config, so checkpoints and
-  `ncjax eval` rebuild the same model."""
+  context (context_of_checkpoint), and an explicit setting is the user's. The chosen length is written into the
+  config, so checkpoints and `ncjax eval` rebuild the same model."""
   config = resolved.config
   if (config.model.get("context_length") is not None or config.method.init_from or not len(captions)
       or resolved.input.dataset in data_lib.DATASETS):   # the embedded datasets: their presets chose the context
