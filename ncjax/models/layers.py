@@ -7,10 +7,12 @@ Parameters are always float32; `dtype` is the compute dtype (bfloat16 on acceler
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from ncjax import errors
@@ -42,7 +44,7 @@ def dense(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, use_bia
                     param_dtype=jnp.float32, kernel_init=init, rngs=rngs)
 
 
-ATTENTION_KINDS = ("auto", "einsum", "xla", "cudnn")
+ATTENTION_KINDS = ("auto", "einsum", "recompute", "xla", "cudnn")
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 CUDNN_MAX_HEAD_DIM = 128   # cuDNN's fused attention: head sizes that are multiples of 8, up to 128
 
@@ -62,12 +64,15 @@ def cudnn_refusal(*, dtype, head_dim: int, platform: str) -> str | None:
 def resolve_attention(kind: str, *, dtype, head_dim: int, platform: str | None = None) -> str:
   """The attention implementation `model.attention` asks for on `platform` (default: JAX's default backend, where
   the model is traced and run): 'auto' is cuDNN's fused kernel on a GPU where it can run (bf16/fp16, head size),
-  else the einsum path; an explicit 'cudnn' that cannot run is an error naming why."""
+  the recomputing path on a TPU (what its step stores between forward and backward is what bounds it), else the
+  einsum path (the fastest on the CPU); an explicit 'cudnn' that cannot run is an error naming why."""
   if kind not in ATTENTION_KINDS:
     raise errors.ConfigurationError(f"unknown model.attention {kind!r}; expected one of {ATTENTION_KINDS}")
   platform = jax.default_backend() if platform is None else platform
   if kind == "auto":
-    return "cudnn" if cudnn_refusal(dtype=dtype, head_dim=head_dim, platform=platform) is None else "einsum"
+    if cudnn_refusal(dtype=dtype, head_dim=head_dim, platform=platform) is None:
+      return "cudnn"
+    return "recompute" if platform == "tpu" else "einsum"
   if kind == "cudnn":
     why = cudnn_refusal(dtype=dtype, head_dim=head_dim, platform=platform)
     if why is not None:
@@ -87,13 +92,75 @@ def attention_mask(n: int, *, causal: bool, key_mask):
   return mask
 
 
+MASKED_LOGIT = -0.7 * float(jnp.finfo(jnp.float32).max)   # jax.nn.dot_product_attention's masked value
+
+
+def _scaled_logits(q, k, mask, scale: float):
+  """q k^T / sqrt(d) in float32 (the products accumulate in float32 whatever the compute dtype), masked logits at
+  a large finite negative value: a fully masked row then attends uniformly, never NaN."""
+  logits = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) * jnp.float32(scale)
+  return logits if mask is None else jnp.where(mask, logits, jnp.float32(MASKED_LOGIT))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def attend_recomputing(q, k, v, mask, scale: float):
+  """softmax(q k^T / sqrt(d)) v over heads-major (batch, heads, tokens, head_dim) arrays, the einsum path's
+  function (Vaswani et al. 2017, Eq. 1), with a backward that keeps no (tokens x tokens) array from the forward.
+
+  Autodiff of the einsum path keeps the float32 probabilities (and their compute-dtype copy) of every block until
+  the backward reaches it: at ViT-B/16 and 128 pairs per chip that is 238 MB per block, written once and read
+  several times, the largest arrays of the whole TPU step. Here the forward keeps q, k, v, the output and the
+  rows' float32 softmax statistics (maximum and 1 / sum: two numbers per token and head); the backward recomputes
+  the logits in float32 and the probabilities as exp(logits - max) / sum, rounded to the compute dtype as the
+  forward's were for p v, and forms the
+  logits' gradient as p (dp - rowsum(dy * y)) (the softmax's Jacobian, as FlashAttention's backward, Dao et al.
+  2022, Alg. 4). Statistics and sums stay float32; one extra q k^T per block is the price (+0.7% of ViT-B/16's
+  FLOPs)."""
+  return _attend_forward(q, k, v, mask, scale)[0]
+
+
+def _attend_forward(q, k, v, mask, scale):
+  logits = _scaled_logits(q, k, mask, scale)
+  row_max = jnp.max(logits, axis=-1, keepdims=True)
+  weights = jnp.exp(logits - row_max)
+  row_sum = jnp.sum(weights, axis=-1, keepdims=True)
+  probs = (weights / row_sum).astype(v.dtype)
+  y = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+  # The maximum and the sum apart, not their log-sum-exp: in float32 a masked row's maximum (-2.4e38) would absorb
+  # log(sum), and its recomputed probabilities would be 1 instead of 1 / tokens.
+  return y, (q, k, v, mask, y, row_max[..., 0], 1 / row_sum[..., 0])
+
+
+def _attend_backward(scale, saved, dy):
+  # The barrier keeps XLA from merging the recomputed logits with the forward's (common subexpressions across
+  # forward and backward would bring the stored logits back, as jax.checkpoint's barrier does for remat).
+  q, k, v, mask, y, row_max, inv_sum = jax.lax.optimization_barrier(saved)
+  probs = (jnp.exp(_scaled_logits(q, k, mask, scale) - row_max[..., None]) * inv_sum[..., None]).astype(v.dtype)
+  dv = jnp.einsum("bhqk,bhqd->bhkd", probs, dy)
+  dprobs = jnp.einsum("bhqd,bhkd->bhqk", dy, v, preferred_element_type=jnp.float32)
+  row_dot = jnp.sum(dy.astype(jnp.float32) * y.astype(jnp.float32), axis=-1, keepdims=True)
+  dlogits = probs.astype(jnp.float32) * (dprobs - row_dot) * jnp.float32(scale)
+  if mask is not None:   # a masked logit is a constant: no gradient reaches q or k through it
+    dlogits = jnp.where(mask, dlogits, jnp.float32(0))
+  dlogits = dlogits.astype(q.dtype)
+  dq = jnp.einsum("bhqk,bhkd->bhqd", dlogits, k)
+  dk = jnp.einsum("bhqk,bhqd->bhkd", dlogits, q)
+  dmask = None if mask is None else np.zeros(mask.shape, jax.dtypes.float0)
+  return dq, dk, dv, dmask
+
+
+attend_recomputing.defvjp(_attend_forward, _attend_backward)
+
+
 class MultiHeadAttention(nnx.Module):
   """Self-attention with a fused QKV projection (rows [q; k; v], as CLIP's in_proj).
 
   `attention` (`model.attention`; resolved once here, `resolve_attention`): 'einsum' — the heads-major einsums
-  below, tuned for the CPU; 'xla' — `jax.nn.dot_product_attention(implementation='xla')` on token-major q, k, v;
-  'cudnn' — the same call with cuDNN's fused (flash) attention kernel, bf16/fp16 on NVIDIA GPUs; 'auto' — cudnn
-  where it can run, else einsum. The parameters and the arithmetic are the same for every kind: logits and softmax
+  below, tuned for the CPU; 'recompute' — the same einsums under `attend_recomputing`, whose backward recomputes
+  the probabilities from q, k, v and the rows' float32 log-sum-exp instead of keeping them (the TPU's choice);
+  'xla' — `jax.nn.dot_product_attention(implementation='xla')` on token-major q, k, v; 'cudnn' — the same call with
+  cuDNN's fused (flash) attention kernel, bf16/fp16 on NVIDIA GPUs; 'auto' — cudnn where it can run, recompute on a
+  TPU, else einsum. The parameters and the arithmetic are the same for every kind: logits and softmax
   in float32, masked logits at jax's large negative value (a fully masked row attends uniformly, never NaN)."""
 
   def __init__(self, width: int, heads: int, *, dtype, rngs: nnx.Rngs, attention: str = "einsum"):
@@ -114,7 +181,7 @@ class MultiHeadAttention(nnx.Module):
     bias = self.qkv.bias[...].reshape(3, h, d).astype(self.dtype)
     out_kernel = self.out.kernel[...].reshape(h, d, w).astype(self.dtype)
     out_bias = self.out.bias[...].astype(self.dtype)
-    if self.attention == "einsum":
+    if self.attention in ("einsum", "recompute"):
       return self._einsum(x, kernel, bias, out_kernel, causal, key_mask) + out_bias
     # Token-major (batch, tokens, heads, head_dim), the layout jax.nn.dot_product_attention and cuDNN take.
     q, k, v = (jnp.einsum("bnw,whd->bnhd", x, kernel[:, i]) + bias[i] for i in range(3))
@@ -130,14 +197,17 @@ class MultiHeadAttention(nnx.Module):
     gradients around every attention matmul: 16% of the `small` CLIP step on CPU went to those copies. Same
     arithmetic as `jax.nn.dot_product_attention`."""
     n, d = x.shape[1], kernel.shape[-1]
-    q, k, v = (jnp.einsum("bnw,whd->bhnd", x, kernel[:, i]) + bias[i][None, :, None, :] for i in range(3))
-    logits = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) * jnp.float32(d ** -0.5)
+    with jax.named_scope("attention_projections"):
+      q, k, v = (jnp.einsum("bnw,whd->bhnd", x, kernel[:, i]) + bias[i][None, :, None, :] for i in range(3))
     mask = attention_mask(n, causal=causal, key_mask=key_mask)
-    if mask is not None:
-      logits = jnp.where(mask, logits, jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max)))
-    probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    y = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
-    return jnp.einsum("bhnd,hdw->bnw", y, out_kernel)
+    with jax.named_scope("attention_core"):
+      if self.attention == "recompute":
+        y = attend_recomputing(q, k, v, mask, d ** -0.5)
+      else:
+        probs = jax.nn.softmax(_scaled_logits(q, k, mask, d ** -0.5), axis=-1).astype(self.dtype)
+        y = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+    with jax.named_scope("attention_projections"):
+      return jnp.einsum("bhnd,hdw->bnw", y, out_kernel)
 
 
 class MlpBlock(nnx.Module):
@@ -163,9 +233,18 @@ class ResidualBlock(nnx.Module):
     self.mlp = MlpBlock(width, mlp_dim, act=act, dtype=dtype, rngs=rngs)
 
   def __call__(self, x, *, causal: bool = False, key_mask=None):
-    x = x + self.attn(self.ln_1(x).astype(self.dtype), causal=causal, key_mask=key_mask).astype(x.dtype)
-    x = x + self.mlp(self.ln_2(x).astype(self.dtype)).astype(x.dtype)
-    return x
+    # The named scopes label the compiled program's instructions by part (benchmarks/pod_compile.py's breakdown).
+    with jax.named_scope("layer_norm"):
+      h = self.ln_1(x).astype(self.dtype)
+    h = self.attn(h, causal=causal, key_mask=key_mask)
+    with jax.named_scope("residual"):
+      x = x + h.astype(x.dtype)
+    with jax.named_scope("layer_norm"):
+      h = self.ln_2(x).astype(self.dtype)
+    with jax.named_scope("mlp"):
+      h = self.mlp(h)
+    with jax.named_scope("residual"):
+      return x + h.astype(x.dtype)
 
 
 def _run_block(block: ResidualBlock, x, causal, key_mask):

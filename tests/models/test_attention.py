@@ -13,7 +13,7 @@ from ncjax import errors, models
 from ncjax.models import layers
 from ncjax.models.layers import MultiHeadAttention, resolve_attention
 
-CPU_KINDS = ("einsum", "xla")
+CPU_KINDS = ("einsum", "recompute", "xla")
 
 
 def _attention(kind: str, dtype=jnp.float32, width: int = 32, heads: int = 4):
@@ -41,12 +41,13 @@ def _run(kind, x, *, causal, key_mask, dtype=jnp.float32):
   return y, grads, value
 
 
+@pytest.mark.parametrize("kind", ["xla", "recompute"])
 @pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True), (True, True)])
-def test_xla_attention_equals_the_einsum_path_with_masks_and_gradients(causal, masked):
+def test_each_kind_equals_the_einsum_path_with_masks_and_gradients(kind, causal, masked):
   x, key_mask = _inputs()
   key_mask = key_mask if masked else None
   y_ref, g_ref, _ = _run("einsum", x, causal=causal, key_mask=key_mask)
-  y, g, _ = _run("xla", x, causal=causal, key_mask=key_mask)
+  y, g, _ = _run(kind, x, causal=causal, key_mask=key_mask)
   assert np.isfinite(np.asarray(y)).all()
   np.testing.assert_allclose(np.asarray(y), np.asarray(y_ref), atol=2e-6, rtol=0)
   for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
@@ -70,12 +71,36 @@ def test_the_masks_matter():
     np.testing.assert_allclose(np.asarray(first)[:, 0], np.asarray(causal)[:, 0], atol=1e-6)
 
 
-def test_bf16_compute_agrees_across_kinds():
+@pytest.mark.parametrize("kind", ["xla", "recompute"])
+def test_bf16_compute_agrees_across_kinds(kind):
   x, key_mask = _inputs()
-  y_ref, _, _ = _run("einsum", x, causal=True, key_mask=key_mask, dtype=jnp.bfloat16)
-  y, _, _ = _run("xla", x, causal=True, key_mask=key_mask, dtype=jnp.bfloat16)
+  y_ref, g_ref, _ = _run("einsum", x, causal=True, key_mask=key_mask, dtype=jnp.bfloat16)
+  y, g, _ = _run(kind, x, causal=True, key_mask=key_mask, dtype=jnp.bfloat16)
   assert y.dtype == jnp.bfloat16
   np.testing.assert_allclose(np.asarray(y, np.float32), np.asarray(y_ref, np.float32), atol=3e-2, rtol=0)
+  # the gradients too: the recomputing backward rounds the probabilities to bf16 where the einsum path's backward
+  # keeps them in float32, which the bf16 compute already bounds
+  for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    np.testing.assert_allclose(a, b, atol=3e-2 * max(1.0, np.abs(b).max()), rtol=0)
+
+
+def test_the_recomputing_backward_keeps_no_tokens_by_tokens_array():
+  """What 'recompute' is for: the forward leaves nothing of (tokens x tokens) for the backward, where autodiff of
+  the einsum path keeps the float32 probabilities (jax's saved residuals of each, read off the jaxpr)."""
+  from jax._src.ad_checkpoint import saved_residuals
+  x, _ = _inputs(b=2, n=24, w=32)
+
+  def residual_shapes(kind):
+    module = _attention(kind)
+    graphdef, params = nnx.split(module, nnx.Param)
+    f = lambda p, x: jnp.sum(nnx.merge(graphdef, p)(x, causal=True))
+    return [tuple(aval.shape) for aval, _ in saved_residuals(f, params, x)]
+
+  # (batch, heads, tokens, tokens): the causal mask, (1, 1, tokens, tokens) booleans, is a constant of the program
+  square = lambda shapes: [s for s in shapes if len(s) == 4 and s[:2] == (2, 4) and s[-1] == s[-2] == 24]
+  assert square(residual_shapes("einsum"))          # the probabilities, kept by autodiff
+  assert not square(residual_shapes("recompute"))
 
 
 def _tiny_spec(attention: str, **kw):
@@ -124,17 +149,21 @@ def test_an_imported_open_clip_checkpoint_gives_the_same_embeddings_under_each_k
     np.testing.assert_allclose(np.asarray(model.encode_text(tokens)), rt, atol=1e-4, rtol=0)
 
 
-def test_auto_picks_cudnn_only_where_it_can_run():
+def test_auto_picks_cudnn_only_where_it_can_run(monkeypatch):
   bf16, f32 = jnp.bfloat16, jnp.float32
   assert resolve_attention("auto", dtype=bf16, head_dim=64, platform="gpu") == "cudnn"
   assert resolve_attention("auto", dtype=jnp.float16, head_dim=128, platform="gpu") == "cudnn"
   assert resolve_attention("auto", dtype=f32, head_dim=64, platform="gpu") == "einsum"      # cuDNN: half only
   assert resolve_attention("auto", dtype=bf16, head_dim=160, platform="gpu") == "einsum"    # head too large
   assert resolve_attention("auto", dtype=bf16, head_dim=36, platform="gpu") == "einsum"     # not a multiple of 8
-  assert resolve_attention("auto", dtype=bf16, head_dim=64, platform="tpu") == "einsum"
+  assert resolve_attention("auto", dtype=bf16, head_dim=64, platform="tpu") == "recompute"
+  assert resolve_attention("auto", dtype=f32, head_dim=64, platform="tpu") == "recompute"
   assert resolve_attention("auto", dtype=bf16, head_dim=64, platform="cpu") == "einsum"
-  assert resolve_attention("auto", dtype=bf16, head_dim=64) == "einsum"     # this machine: JAX's CPU backend
   assert resolve_attention("xla", dtype=f32, head_dim=36, platform="cpu") == "xla"
+  # without a platform, JAX's default backend decides (whatever this process's is)
+  for platform, expected in (("cpu", "einsum"), ("gpu", "cudnn"), ("tpu", "recompute")):
+    monkeypatch.setattr(jax, "default_backend", lambda platform=platform: platform)
+    assert resolve_attention("auto", dtype=bf16, head_dim=64) == expected
   # the model resolves per tower, from its own head size
   assert models.attention_kinds(_tiny_spec("auto", dtype="bfloat16"), platform="gpu") == {"image": "cudnn",
                                                                                           "text": "cudnn"}
@@ -146,13 +175,14 @@ def test_auto_picks_cudnn_only_where_it_can_run():
     (dict(platform="gpu", dtype=jnp.float32, head_dim=64), "model.dtype=bfloat16"),
     (dict(platform="gpu", dtype=jnp.bfloat16, head_dim=256), "head sizes"),
 ])
-def test_cudnn_where_it_cannot_run_is_one_line_naming_why(kwargs, needle):
+def test_cudnn_where_it_cannot_run_is_one_line_naming_why(kwargs, needle, monkeypatch):
   with pytest.raises(errors.ConfigurationError) as e:
     resolve_attention("cudnn", **kwargs)
   assert needle in str(e.value) and "model.attention='auto'" in str(e.value) and "\n" not in str(e.value)
   with pytest.raises(errors.ConfigurationError, match="unknown model.attention 'flash'"):
     resolve_attention("flash", dtype=jnp.float32, head_dim=64)
-  # on this machine, a model asking for cuDNN is refused when it is built, not deep inside XLA
+  # in a process computing on the CPU, a model asking for cuDNN is refused when it is built, not deep inside XLA
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   with pytest.raises(errors.ConfigurationError, match="needs an NVIDIA GPU"):
     models.build_two_tower(_tiny_spec("cudnn", dtype="bfloat16"), vocab_size=64, eot_id=1)
   assert layers.CUDNN_MAX_HEAD_DIM == 128
