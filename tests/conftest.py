@@ -31,6 +31,11 @@ runtime.configure_cpu_devices(8)
 
 import jax  # noqa: E402
 
+# NCJAX_TEST_REPORTED_BACKEND=gpu: JAX's default backend reported as that platform while computing on the CPU — how
+# tests/test_accelerator_check.py checks that the GPU slice's tests hold whatever backend a host reports.
+if os.environ.get("NCJAX_TEST_REPORTED_BACKEND"):
+  jax.default_backend = lambda _reported=os.environ["NCJAX_TEST_REPORTED_BACKEND"]: _reported
+
 import shared_programs  # noqa: E402  (tests/shared_programs.py: one compile per distinct program per worker)
 
 shared_programs.install()

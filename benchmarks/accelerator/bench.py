@@ -1,203 +1,262 @@
 """The accelerator check's measurements: one table (and a JSON beside it) of what ncjax does on a GPU.
 
-  python -m benchmarks.accelerator.bench [--smoke] [--out DIR] [--budget_s S] [--sections a,b,c,d,e]
+  python -m benchmarks.accelerator.bench --plan [--total_s S] [--smoke] [--calibrate FILE]
+  python -m benchmarks.accelerator.bench --measure_s S --out DIR --logs DIR [--smoke] [--sections a,b,c,d,e]
+  python -m benchmarks.accelerator.bench --finalize --out DIR --logs DIR [--smoke]
 
 Sections, in priority order:
   a  CLIP ViT-B/16 train step (the trainer's own), bf16, per-GPU batch 256 and 512, each attention kind: pairs/s,
-     step time, model FLOPs utilisation against the card's bf16 matmul rate measured in the same process
-  b  open_clip 3.3's ViT-B-16 on torch on the same card and batches (AMP bf16, SDPA, AdamW, ClipLoss), eager and
-     under torch.compile, and ncjax's best pairs/s over open_clip's best
+     step time, model FLOPs utilisation against the card's datasheet bf16 peak and against its measured matmul rate
+  b  open_clip 3.3's ViT-B-16 on torch on the same card and batches (AMP bf16, SDPA, TF32, cudnn.benchmark, AdamW,
+     ClipLoss), eager, with fused AdamW and under torch.compile, and ncjax's best pairs/s over open_clip's best
   c  NCU's stage-2 loss + gradient at N = 2,048 / 8,192 / 32,768 (D = 512): ncjax against the public code's loop
      restated in PyTorch (`ncu_public`), the speed-up, and the two losses' values compared at N = 2,048
   d  device memory: section a's peaks, and the largest per-GPU batch that fits with and without remat
   e  every method's step (benchmarks/steps.py's list) against CLIP's at per-GPU batch 256
 
-Each section runs in its own process (`--worker`, internal): JAX takes most of the GPU's memory when it starts, so
-torch cannot share a process with it, and a section that crashes the device runtime takes no other with it. All
-sections share one time budget: a section (or a measurement inside one) that would not end before the deadline is
-recorded as "not run (time)", never dropped, and a worker still running at the deadline is stopped. Every row goes
-to OUT/rows.jsonl as it is measured; at the end come OUT/accelerator.json (rows, versions, card, the test slice's
-counts from run.sh) and OUT/accelerator.md.
+How they run is the plan's (plan.py): every worker prepares at once in its own process (JAX takes most of the GPU's
+memory when it starts, so torch never shares a process with it, and a worker that crashes the device runtime takes
+no other with it); then the workers take turns on the GPU in priority order, the orchestrator telling each when
+(`go`) or that its turn no longer fits (`skip`). A measurement that does not happen for want of time reads
+"not run (time)", never "failed". Every row goes to OUT/rows.jsonl as it is measured and the table (OUT/
+accelerator.md) is rewritten after every turn, so a call cut short keeps what it measured; the workers' logs go to
+the logs folder, archived into OUT/logs.tar.gz: OUT holds four files (the device tool returns at most 8).
 
---smoke runs the same code at the `micro` size on one CPU device (torch parts skipped where torch is missing): the
-check of the check, in tests/test_accelerator_check.py.
+--smoke runs the same plan at the `micro` size on one CPU device, the JAX workers in one process (torch parts
+skipped where torch is missing): the check of the check, in tests/test_accelerator_check.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from importlib import metadata
 
+from benchmarks.accelerator import plan as plan_lib
 from benchmarks.accelerator import pytest_counts, record
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-SECTIONS = {   # section -> (title, its workers in the order they run)
-    "a": ("CLIP train step per attention kind", ("a",)),
-    "b": ("open_clip on torch, same card", ("b",)),
-    "c": ("NCU stage-2 loss + gradient vs the public loop", ("c_jax", "c_torch")),
-    "d": ("device memory, largest batch", ("d",)),
-    "e": ("every method vs CLIP", ("e",)),
+SECTION_TITLES = {
+    "a": "CLIP train step per attention kind",
+    "b": "open_clip on torch, same card",
+    "c": "NCU stage-2 loss + gradient vs the public loop",
+    "d": "device memory, largest batch",
+    "e": "every method vs CLIP",
 }
-WORKER_SECTION = {w: s for s, (_, workers) in SECTIONS.items() for w in workers}
-TORCH_WORKERS = ("b", "c_torch")
-# Seconds a worker needs on the GPU to start and finish its first measurement; with less left it is not started.
-MIN_START_S = {"a": 110, "b": 40, "c_jax": 30, "c_torch": 40, "d": 100, "e": 110}
-# A worker checks the deadline between measurements; one that started just before it may overrun by a compile.
-GRACE_S = {False: 20, True: 10}
-DEFAULT_BUDGET_S = {False: 360, True: 120}
 SPEEDUP_TARGET = 10.0   # ncjax over the public loop at N = 32,768 on an H100
 VALUE_TOLERANCE = 1e-4  # relative difference of the two NCU losses at the check's N
 VERSIONED = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "optax", "orbax-checkpoint", "numpy",
              "torch", "open_clip_torch", "ott-jax")
+OUT_FILES = ("accelerator.md", "accelerator.json", record.ROWS_FILE, "logs.tar.gz")
 
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--smoke", action="store_true", help="tiny sizes on one CPU device")
   p.add_argument("--out", default="", help="output folder (default: $OUT, else bench_results/accelerator)")
-  p.add_argument("--budget_s", type=float, default=None, help="time budget of all sections (default 360; smoke 120)")
+  p.add_argument("--logs", default="", help="the workers' logs (archived into OUT/logs.tar.gz)")
+  p.add_argument("--plan", action="store_true", help="print the plan and run nothing")
+  p.add_argument("--total_s", type=float, default=plan_lib.DEFAULT_TOTAL_S, help="the whole check's time (--plan)")
+  p.add_argument("--calibrate", default="", help="plan with the phase times an earlier run recorded (its JSON)")
+  p.add_argument("--measure_s", type=float, default=None, help="the measurements' time budget")
+  p.add_argument("--finalize", action="store_true", help="write the table from the rows and the tests' counts")
   p.add_argument("--sections", default="a,b,c,d,e", help="comma-separated sections to run, of a,b,c,d,e")
   p.add_argument("--worker", default="", help=argparse.SUPPRESS)
   p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   out = os.path.abspath(args.out or os.environ.get("OUT") or os.path.join("bench_results", "accelerator"))
-  if args.worker:
-    return _worker(args.worker.split(","), out, args.deadline, args.smoke)
+  logs = os.path.abspath(args.logs or os.path.join(out + ".logs"))
   sections = [s.strip() for s in args.sections.split(",") if s.strip()]
-  unknown = [s for s in sections if s not in SECTIONS]
+  unknown = [s for s in sections if s not in SECTION_TITLES]
   if unknown:
-    p.error(f"--sections: unknown {unknown}; sections are {list(SECTIONS)}")
-  return orchestrate(out, sections, args.smoke, args.budget_s or DEFAULT_BUDGET_S[args.smoke])
+    p.error(f"--sections: unknown {unknown}; sections are {list(SECTION_TITLES)}")
+  if args.plan:
+    seconds = plan_lib.calibrated_seconds(args.calibrate) if args.calibrate else None
+    print(plan_lib.render(plan_lib.schedule(args.total_s, smoke=args.smoke, sections=sections, seconds=seconds)))
+    return 0
+  if args.worker:
+    return _worker(args.worker.split(","), out, logs, args.deadline, args.smoke, sections)
+  if args.finalize:
+    return finalize(out, logs, args.smoke, sections)
+  budget = args.measure_s if args.measure_s is not None else plan_lib.DEFAULT_TOTAL_S
+  return measure(out, logs, sections, args.smoke, budget)
 
 
 # --- the orchestrating process (imports neither JAX nor torch) ---------------------------------------------------
 
-def orchestrate(out: str, sections: list[str], smoke: bool, budget_s: float) -> int:
-  os.makedirs(os.path.join(out, "logs"), exist_ok=True)
-  rows_path = os.path.join(out, record.ROWS_FILE)
-  if os.path.exists(rows_path):
-    os.remove(rows_path)
+def _groups(chosen: list[plan_lib.Worker], smoke: bool) -> list[list[str]]:
+  """Processes and the workers each runs: on a GPU one per worker; in the smoke run one per framework (the CPU has
+  memory to share, and each process start costs seconds on two cores)."""
+  if not smoke:
+    return [[w.name] for w in chosen]
+  return [g for g in ([w.name for w in chosen if w.framework == "jax"],
+                      [w.name for w in chosen if w.framework == "torch"]) if g]
+
+
+class _Process:
+  """A worker process: its stdout pumped into the log and the event queue (its `@ready` / `@done` lines), its
+  stdin the orchestrator's `go` / `skip`."""
+
+  def __init__(self, names, out, logs, deadline, smoke, sections, events: queue.Queue):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([REPO] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    if smoke:
+      from ncjax import compat   # a leaf: no JAX import
+      env["JAX_PLATFORMS"] = "cpu"
+      env["CUDA_VISIBLE_DEVICES"] = ""
+      env["XLA_FLAGS"] = compat.with_xla_flags(env.get("XLA_FLAGS", ""), compat.fast_compile_xla_flags())
+      # torch's CPU ops on a small core quota: with OpenMP's second thread a 64 x 65 exp took 8 ms instead of 6 us
+      # (the public NCU loop at N = 64 took 6.5 s instead of 0.05 s).
+      env["OMP_NUM_THREADS"] = "1"
+    else:
+      # Several processes share the card: none may take 75% of it at start (JAX's default). The limit stays 92%
+      # of the card, against which section d measures (the CUDA context and libraries keep their room).
+      env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+      env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
+    self.names = list(names)
+    cmd = [sys.executable, "-m", "benchmarks.accelerator.bench", "--worker", ",".join(names), "--out", out,
+           "--logs", logs, "--deadline", repr(deadline), "--sections", ",".join(sections)] + \
+        (["--smoke"] if smoke else [])
+    self.log_path = os.path.join(logs, "+".join(names) + ".log")
+    self.start = time.time()
+    self.log = open(self.log_path, "w")
+    self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    self.tail: list[str] = []
+    self.reader = threading.Thread(target=self._pump, args=(events,), daemon=True)
+    self.reader.start()
+
+  def _pump(self, events):
+    for line in self.proc.stdout:
+      self.log.write(line)
+      self.log.flush()
+      self.tail = (self.tail + [line.rstrip()])[-25:]
+      if line.startswith("@"):
+        kind, name = line[1:].split()[:2]
+        events.put((kind, name, time.time()))
+      elif line.startswith("["):   # the workers' row lines; the rest (XLA's and torch's chatter) stays in the log
+        print(line, end="", flush=True)
+    events.put(("exit", "+".join(self.names), time.time()))
+
+  def tell(self, word: str, name: str) -> None:
+    try:
+      self.proc.stdin.write(f"{word} {name}\n")
+      self.proc.stdin.flush()
+    except (BrokenPipeError, OSError):
+      pass
+
+  def kill(self) -> None:
+    if self.proc.poll() is None:
+      os.killpg(self.proc.pid, signal.SIGKILL)   # its own children too (torch.compile's compile workers)
+    self.proc.wait()
+
+  def close(self) -> None:
+    self.reader.join(timeout=10)
+    self.log.close()
+
+
+def measure(out: str, logs: str, sections: list[str], smoke: bool, budget_s: float) -> int:
+  """Runs the plan's workers: every process prepares at once, then the turns in priority order, each when its
+  worker is ready and its turn still fits before the deadline. The table is rewritten after every turn."""
+  os.makedirs(out, exist_ok=True)
+  os.makedirs(logs, exist_ok=True)
+  for name in (record.ROWS_FILE, "accelerator.md", "accelerator.json"):
+    if os.path.exists(os.path.join(out, name)):
+      os.remove(os.path.join(out, name))
+  seconds = plan_lib.SMOKE_SECONDS if smoke else plan_lib.GPU_SECONDS
+  chosen = [w for w in plan_lib.workers(smoke=smoke) if w.measures(sections)]
   start = time.time()
   deadline = start + budget_s
-  workers = [w for s in sorted(sections) for w in SECTIONS[s][1]]
-  if smoke:   # one process per framework: the CPU has memory to share, and each start costs seconds here
-    groups = [g for g in ([w for w in workers if w not in TORCH_WORKERS], [w for w in workers if w in TORCH_WORKERS])
-              if g]
-  else:
-    groups = [[w] for w in workers]
-  outcomes = {}
-  for group in groups:
-    left = deadline - time.time()
-    if not smoke and left < MIN_START_S[group[0]]:
-      outcomes[tuple(group)] = dict(status=record.NOT_RUN_TIME, seconds=0.0)
+  events: queue.Queue = queue.Queue()
+  processes = [_Process(g, out, logs, deadline, smoke, sections, events) for g in _groups(chosen, smoke)]
+  process_of = {n: p for p in processes for n in p.names}
+  ready, done, exited = {}, {}, set()
+  outcome = {w.name: dict(planned_prepare_s=plan_lib.phase_seconds(w.prepare + w.after_wait, seconds),
+                          planned_turn_s=plan_lib.phase_seconds(w.turn, seconds)) for w in chosen}
+
+  def drain(timeout: float) -> None:
+    try:
+      kind, name, at = events.get(timeout=max(0.01, timeout))
+    except queue.Empty:
+      return
+    if kind == "ready":
+      ready[name] = at
+      outcome[name]["prepare_s"] = at - start
+    elif kind == "done":
+      done[name] = at
+    elif kind == "exit":
+      exited.add(name)
+
+  def gone(name: str) -> bool:
+    return "+".join(process_of[name].names) in exited
+
+  for w in chosen:
+    proc = process_of[w.name]
+    turn_s = outcome[w.name]["planned_turn_s"]
+    while w.name not in ready and not gone(w.name) and time.time() < deadline - turn_s:
+      drain(deadline - turn_s - time.time())
+    if w.name not in ready:
+      outcome[w.name]["status"] = record.NOT_RUN_TIME if not gone(w.name) else "failed: its process ended"
+      proc.tell("skip", w.name)
       continue
-    outcomes[tuple(group)] = _run_worker(group, out, deadline, smoke)
-  rows = [r for r in record.read_rows(out) if r.get("kind") == "row"]
-  machines = [r for r in record.read_rows(out) if r.get("kind") == "machine"]
-  rows += _worker_rows(outcomes, rows)
-  rows += _derived_rows(rows)
-  rows += _test_rows(out)
-  for s in sections:   # every requested section has its row, whatever happened
-    if not any(r["section"] == s for r in rows):
-      rows.append(_row(s, SECTIONS[s][0], status=record.NOT_RUN_TIME))
-  order = {s: i for i, s in enumerate(["tests", *SECTIONS])}
-  rows.sort(key=lambda r: order.get(r["section"], len(order)))   # stable: measurement order within a section
-  summary = dict(smoke=smoke, budget_s=budget_s, seconds=time.time() - start, sections=sections,
-                 versions=_versions(), card=_card(out, machines), machines=machines,
-                 workers={"+".join(k): v for k, v in outcomes.items()}, rows=rows,
-                 tests=_tests_summary(out))
-  with open(os.path.join(out, "accelerator.json"), "w") as f:
-    json.dump(summary, f, indent=1, default=str)
-  text = table(rows)
-  with open(os.path.join(out, "accelerator.md"), "w") as f:
-    f.write(_markdown(summary, rows))
-  print(f"\naccelerator check on {summary['card']} ({'smoke, ' if smoke else ''}{summary['seconds']:.0f} s of "
-        f"{budget_s:.0f} s):\n{text}\n\n{os.path.join(out, 'accelerator.json')}")
+    if time.time() > deadline - turn_s:
+      outcome[w.name]["status"] = record.NOT_RUN_TIME
+      proc.tell("skip", w.name)
+      continue
+    began = time.time()
+    proc.tell("go", w.name)
+    while w.name not in done and not gone(w.name) and time.time() < deadline + plan_lib.GRACE_S:
+      drain(deadline + plan_lib.GRACE_S - time.time())
+    outcome[w.name]["turn_s"] = time.time() - began
+    if w.name in done:
+      outcome[w.name]["status"] = "ok"
+    elif gone(w.name):
+      outcome[w.name]["status"] = f"failed: exit status {proc.proc.poll()}"
+      outcome[w.name]["tail"] = proc.tail
+    else:   # past the deadline: stopped, and what it had not measured is a budget cut, not a failure
+      proc.kill()
+      outcome[w.name]["status"] = record.NOT_RUN_TIME
+      outcome[w.name]["note"] = f"stopped at the time limit after {time.time() - began:.0f} s of its turn"
+    write_table(out, logs, smoke, sections, budget_s, start, outcome)
+  for proc in processes:   # every worker had its turn or was skipped: the processes end on their own
+    try:
+      proc.proc.wait(timeout=max(1.0, deadline + plan_lib.GRACE_S - time.time()))
+    except subprocess.TimeoutExpired:
+      proc.kill()
+    proc.close()
+  write_table(out, logs, smoke, sections, budget_s, start, outcome)
   return 0
 
 
-def _run_worker(names: list[str], out: str, deadline: float, smoke: bool) -> dict:
-  env = dict(os.environ)
-  env["PYTHONPATH"] = os.pathsep.join([REPO] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-  if smoke:
-    from ncjax import compat   # a leaf: no JAX import
-    env["JAX_PLATFORMS"] = "cpu"
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["XLA_FLAGS"] = compat.with_xla_flags(env.get("XLA_FLAGS", ""), compat.fast_compile_xla_flags())
-    # torch's CPU ops on a small core quota: with OpenMP's second thread a 64 x 65 exp took 8 ms instead of 6 us
-    # (the public NCU loop at N = 64 took 6.5 s instead of 0.05 s).
-    env["OMP_NUM_THREADS"] = "1"
-  elif names[0] not in TORCH_WORKERS:
-    # Section d measures against the allocator's limit: give JAX most of the card (the default is 75%), leaving
-    # the CUDA context and libraries their room.
-    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")
-  cmd = [sys.executable, "-m", "benchmarks.accelerator.bench", "--worker", ",".join(names), "--out", out,
-         "--deadline", repr(deadline)] + (["--smoke"] if smoke else [])
-  log_path = os.path.join(out, "logs", "+".join(names) + ".log")
-  tail = collections.deque(maxlen=25)
-  start = time.time()
-  with open(log_path, "w") as log:
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-
-    def pump():
-      for line in proc.stdout:
-        log.write(line)
-        log.flush()
-        tail.append(line.rstrip())
-        if line.startswith("["):   # the workers' row lines; the rest (XLA's and torch's chatter) stays in the log
-          print(line, end="", flush=True)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
-      rc = proc.wait(timeout=max(1.0, deadline - time.time() + GRACE_S[smoke]))
-      status = "ok" if rc == 0 else f"failed: exit status {rc}"
-    except subprocess.TimeoutExpired:
-      os.killpg(proc.pid, signal.SIGKILL)   # its own children too (torch.compile's compile workers)
-      proc.wait()
-      status = f"failed: stopped at the time limit after {time.time() - start:.0f} s"
-    reader.join(timeout=10)
-  if status != "ok":
-    print(f"[{'+'.join(names)}] {status}; the end of {log_path}:\n  " + "\n  ".join(tail), flush=True)
-  return dict(status=status, seconds=time.time() - start, log=log_path, tail=list(tail) if status != "ok" else [])
+def _outcome_rows(outcome: dict, rows: list[dict]) -> list[dict]:
+  """A row for each worker whose turn did not end normally: not run (time) where the budget cut it (skipped, or
+  stopped at the time limit), failed where its process crashed — unless it wrote rows of its own for it."""
+  extra = []
+  by_name = {w.name: w for w in plan_lib.workers()}
+  for name, o in outcome.items():
+    status = o.get("status")
+    if status in (None, "ok") or any(r.get("worker") == name for r in rows if r["status"] == record.NOT_RUN_TIME):
+      continue
+    w = by_name[name]
+    last = next((line for line in reversed(o.get("tail", [])) if line.strip()), "")
+    extra.append(_row(w.section, f"{w.title} (worker {name})", status=status,
+                      note=o.get("note") or (last[:200] if status.startswith("failed") else "")))
+  return extra
 
 
 def _row(section, config, value=None, unit="", *, vs=None, ref="", status="ok", note="", **extra) -> dict:
   return dict(kind="row", section=section, config=config, value=value, unit=unit, vs=vs, ref=ref, status=status,
               note=note, worker="bench", **extra)
-
-
-def _worker_rows(outcomes: dict, rows: list[dict]) -> list[dict]:
-  """A row for each worker that failed, was stopped, or was not started. In a process running several workers (the
-  smoke run) the failure is the one's that was running — the last to write a row, or the first if none did — and
-  the workers after it did not run."""
-  extra = []
-  for names, o in outcomes.items():
-    if o["status"] == "ok":
-      continue
-    if o["status"] == record.NOT_RUN_TIME:
-      extra += [_row(WORKER_SECTION[n], f"{SECTIONS[WORKER_SECTION[n]][0]} (worker {n})", status=o["status"])
-                for n in names]
-      continue
-    wrote = [n for n in names if any(r["worker"] == n for r in rows)]
-    culprit = wrote[-1] if wrote else names[0]
-    last = next((line for line in reversed(o.get("tail", [])) if line.strip()), "")
-    for n in names[names.index(culprit):]:
-      status = o["status"] if n == culprit else f"failed: not run, worker {culprit} failed before it"
-      extra.append(_row(WORKER_SECTION[n], f"{SECTIONS[WORKER_SECTION[n]][0]} (worker {n})", status=status,
-                        note=last[:200] if n == culprit and o["status"].startswith("failed: exit") else ""))
-  return extra
 
 
 def _derived_rows(rows: list[dict]) -> list[dict]:
@@ -231,19 +290,20 @@ def _derived_rows(rows: list[dict]) -> list[dict]:
   return out
 
 
-def _tests_summary(out: str) -> dict | None:
-  meta_path = os.path.join(out, "tests_meta.json")
+def _tests_summary(logs: str) -> dict | None:
+  """The test slice's record (run.sh writes tests_meta.json and the per-test tests.jsonl into the logs folder)."""
+  meta_path = os.path.join(logs, "tests_meta.json")
   if not os.path.exists(meta_path):
     return None
   with open(meta_path) as f:
     meta = json.load(f)
-  return dict(meta, **pytest_counts.summarise(os.path.join(out, "tests.jsonl")))
+  return dict(meta, **pytest_counts.summarise(os.path.join(logs, "tests.jsonl")))
 
 
-def _test_rows(out: str) -> list[dict]:
+def _test_rows(logs: str) -> list[dict]:
   """The slice's counts. Stopped at its time limit without a failure is not a failure: the note says how far it
   got (the tests run in collection order, so the same prefix of the slice passed)."""
-  t = _tests_summary(out)
+  t = _tests_summary(logs)
   if t is None:
     return []
   bad = t["failed"] + t["errors"]
@@ -262,6 +322,69 @@ def _test_rows(out: str) -> list[dict]:
                **{k: t[k] for k in ("failed", "errors", "skipped", "timed_out", "rc") if k in t})]
 
 
+def _all_rows(out: str, logs: str, smoke: bool, sections: list[str], outcome: dict | None) -> tuple[list, list]:
+  read = record.read_rows(out)
+  rows = [r for r in read if r.get("kind") == "row"]
+  machines = [r for r in read if r.get("kind") == "machine"]
+  rows += _outcome_rows(outcome or {}, rows)
+  rows += _derived_rows(rows)
+  rows += _test_rows(logs)
+  for s in sections:   # every requested section has its row, whatever happened
+    if not any(r["section"] == s for r in rows):
+      rows.append(_row(s, SECTION_TITLES[s], status=record.NOT_RUN_TIME))
+  order = {s: i for i, s in enumerate(["tests", *SECTION_TITLES])}
+  rows.sort(key=lambda r: order.get(r["section"], len(order)))   # stable: measurement order within a section
+  return rows, machines
+
+
+def write_table(out: str, logs: str, smoke: bool, sections: list[str], budget_s: float, start: float,
+                outcome: dict | None, *, final: bool = False) -> dict:
+  """OUT/accelerator.json and OUT/accelerator.md from the rows so far, and the logs archived into OUT."""
+  rows, machines = _all_rows(out, logs, smoke, sections, outcome)
+  summary_path = os.path.join(out, "accelerator.json")
+  earlier = {}
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      earlier = json.load(f)
+  summary = dict(smoke=smoke, budget_s=budget_s or earlier.get("budget_s"),
+                 seconds=(time.time() - start) if start else earlier.get("seconds"), sections=sections,
+                 versions=_versions(), card=_card(logs, machines), machines=machines,
+                 workers=outcome if outcome is not None else earlier.get("workers", {}), rows=rows,
+                 tests=_tests_summary(logs), final=final)
+  tmp = summary_path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(summary, f, indent=1, default=str)
+  os.replace(tmp, summary_path)
+  tmp = os.path.join(out, "accelerator.md.tmp")
+  with open(tmp, "w") as f:
+    f.write(_markdown(summary, rows))
+  os.replace(tmp, os.path.join(out, "accelerator.md"))
+  archive_logs(out, logs)
+  return summary
+
+
+def archive_logs(out: str, logs: str) -> None:
+  """The logs folder as OUT/logs.tar.gz (rewritten whole: a call cut short keeps the last one)."""
+  if not os.path.isdir(logs):
+    return
+  tmp = os.path.join(out, "logs.tar.gz.tmp")
+  with tarfile.open(tmp, "w:gz") as tar:
+    for name in sorted(os.listdir(logs)):
+      path = os.path.join(logs, name)
+      if os.path.isfile(path):
+        tar.add(path, arcname=os.path.join("logs", name))
+  os.replace(tmp, os.path.join(out, "logs.tar.gz"))
+
+
+def finalize(out: str, logs: str, smoke: bool, sections: list[str]) -> int:
+  """After the test slice: the table with its counts, printed at the end of the output as well."""
+  summary = write_table(out, logs, smoke, sections, 0.0, 0.0, None, final=True)
+  print(f"\naccelerator check on {summary['card']} ({'smoke, ' if smoke else ''}measurements "
+        f"{summary['seconds'] or 0:.0f} s of {summary['budget_s'] or 0:.0f} s):\n{table(summary['rows'])}\n\n"
+        f"{os.path.join(out, 'accelerator.md')}")
+  return 0
+
+
 def _versions() -> dict:
   found = {"python": sys.version.split()[0]}
   for name in VERSIONED:
@@ -272,9 +395,9 @@ def _versions() -> dict:
   return found
 
 
-def _card(out: str, machines: list[dict]) -> str:
+def _card(logs: str, machines: list[dict]) -> str:
   """The card as nvidia-smi names it (run.sh's copy of its answer, else asked here), else JAX's device kind."""
-  path = os.path.join(out, "nvidia_smi.csv")
+  path = os.path.join(logs, "nvidia_smi.csv")
   lines = []
   if os.path.exists(path):
     with open(path) as f:
@@ -300,22 +423,26 @@ def _cell(r: dict, key: str) -> str:
       return r["status"].split(":")[0].replace("not run (time)", "not run")
     v = r["value"]
     return "-" if v is None else (f"{v:.3g}" if abs(v) < 1e-2 and v != 0 else f"{v:,.4g}" if v < 1e4 else f"{v:,.0f}")
-  if key == "vs":
-    return "-" if r["vs"] is None else f"{r['vs']:.3g}"
+  if key in ("vs", "mfu_peak", "mfu_measured"):
+    v = r.get(key)
+    if key != "vs" and v is not None and ok:
+      return f"{v:.1%}"
+    return "-" if v is None else f"{v:.3g}"
   if key == "note" and not ok:
     return "; ".join(x for x in (r["status"], r.get("note")) if x)
   return str(r.get(key) or "")
 
 
 COLUMNS = (("section", "section"), ("config", "measurement"), ("value", "value"), ("unit", "unit"), ("vs", "vs"),
-           ("ref", "vs what"), ("note", "note"))
+           ("ref", "vs what"), ("mfu_peak", "MFU (datasheet peak)"), ("mfu_measured", "MFU (measured matmul)"),
+           ("note", "note"))
 
 
 def table(rows: list[dict]) -> str:
   cells = [[_cell(r, k) for k, _ in COLUMNS] for r in rows]
   heads = [h for _, h in COLUMNS]
   widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
-  right = {2, 4}   # numbers
+  right = {2, 4, 6, 7}   # numbers
   line = lambda cs: "  ".join(c.rjust(w) if i in right else c.ljust(w)
                               for i, (c, w) in enumerate(zip(cs, widths))).rstrip()
   return "\n".join([line(heads), "-" * len(line(heads))] + [line(c) for c in cells])
@@ -323,10 +450,15 @@ def table(rows: list[dict]) -> str:
 
 def _markdown(summary: dict, rows: list[dict]) -> str:
   v = summary["versions"]
+  sources = sorted({r["peak_source"] for r in rows if r.get("peak_source")})
   head = (f"# ncjax accelerator check{' (smoke)' if summary['smoke'] else ''}\n\n{summary['card']}; python "
           f"{v.get('python')}, jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, flax {v.get('flax')}, optax "
-          f"{v.get('optax')}, torch {v.get('torch', '-')}, open_clip {v.get('open_clip_torch', '-')}; "
-          f"{summary['seconds']:.0f} s of a {summary['budget_s']:.0f} s budget\n\n")
+          f"{v.get('optax')}, torch {v.get('torch', '-')}, open_clip {v.get('open_clip_torch', '-')}; measurements "
+          f"{summary['seconds'] or 0:.0f} s of a {summary['budget_s'] or 0:.0f} s budget"
+          f"{'' if summary.get('final') else ' (in progress: the table so far)'}\n\n"
+          f"MFU: the model FLOPs of a step (benchmarks/flops.py) per second, over the card's dense bf16 peak "
+          f"({'; '.join(sources) if sources else 'no datasheet figure for this device'}) and over the bf16 matmul "
+          f"rate measured in the same run (section a's first row).\n\n")
   body = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
   body += ["| " + " | ".join(_cell(r, k).replace("|", "/") for k, _ in COLUMNS) + " |" for r in rows]
   return head + "\n".join(body) + "\n"
@@ -334,21 +466,94 @@ def _markdown(summary: dict, rows: list[dict]) -> str:
 
 # --- worker processes ----------------------------------------------------------------------------------------------
 
-def _worker(names: list[str], out: str, deadline: float, smoke: bool) -> int:
-  plan = record.SMOKE_PLAN if smoke else record.GPU_PLAN
-  recorders = {n: record.Recorder(out, n, deadline, smoke) for n in names}
-  if names[0] in TORCH_WORKERS:
+def _prepare(name: str, rec: record.Recorder, sizes: record.Sizes, smoke: bool, sections: list[str],
+             deadline: float, workdir: str):
+  """The plan's worker `name`, prepared (an object with a `turn()`)."""
+  if name == "torch":
     from benchmarks.accelerator import torch_work
-    for name in names:
-      if name == "b":
-        torch_work.openclip_section(recorders[name], plan.batches, smoke)
-      else:
-        torch_work.ncu_section(recorders[name], plan.ncu_sizes, plan.ncu_check)
-    return 0
-  import absl.logging
-  absl.logging.set_verbosity(absl.logging.WARNING)
+    return _TorchTurn(rec, sizes, smoke, sections, torch_work)
   from benchmarks.accelerator import jax_work
-  jax_work.run(recorders.__getitem__, names, plan, out)
+  if name == "cd" and "d" not in sections:
+    return _Call(lambda: jax_work.ncu_section(rec, sizes))
+  names = [m for m in (sizes.methods or _all_methods()) if m != "CLIP" or "a" not in sections]
+  half = (len([m for m in names if m != "CLIP"]) + 1) // 2
+  e_methods = names[:half + ("CLIP" in names)] if name == "e1" else names[half + ("CLIP" in names):]
+  w = next(w for w in plan_lib.workers() if w.name == "cd")
+  seconds = plan_lib.SMOKE_SECONDS if smoke else plan_lib.GPU_SECONDS
+  wait_s = deadline - time.time() - plan_lib.phase_seconds(w.after_wait + w.turn, seconds)
+  prepared = jax_work.prepare(name, rec, sizes, workdir, e_methods=e_methods, wait_for_a_s=max(0.0, wait_s))
+  if name == "cd" and "c" not in sections:
+    return _Call(prepared.turn_memory)
+  if name == "e1":
+    return _Call(lambda: (jax_work.clip_reference_row(rec, sizes), prepared.turn()))
+  return prepared
+
+
+def _all_methods() -> list[str]:
+  from benchmarks.steps import METHODS
+  return list(METHODS)
+
+
+class _Call:
+  def __init__(self, fn):
+    self.turn = fn
+
+
+class _TorchTurn:
+  """The torch worker: section b prepared (open_clip, its torch.compile), its turn section b then c's public loop."""
+
+  def __init__(self, rec, sizes, smoke, sections, torch_work):
+    self.rec, self.sizes, self.sections, self.torch_work = rec, sizes, sections, torch_work
+    self.openclip = torch_work.OpenClipWorker(rec, sizes.batches, smoke) if "b" in sections else None
+
+  def turn(self):
+    if self.openclip is not None:
+      self.openclip.turn()
+    if "c" in self.sections:
+      self.torch_work.ncu_section(self.rec, self.sizes.ncu_sizes, self.sizes.ncu_check)
+
+
+def _failure(e: Exception) -> str:
+  text = str(e).strip().splitlines()
+  return f"failed: {type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+def _worker(names: list[str], out: str, logs: str, deadline: float, smoke: bool, sections: list[str]) -> int:
+  """One process of the plan: prepares its workers in order (`@ready NAME` after each), then runs each one's turn
+  when the orchestrator says `go NAME` on stdin (`skip NAME`: its turn no longer fits), `@done NAME` after it."""
+  import tempfile
+  sizes = record.SMOKE_SIZES if smoke else record.GPU_SIZES
+  by_name = {w.name: w for w in plan_lib.workers()}
+  recorders = {n: record.Recorder(out, n, deadline, smoke) for n in names}
+  if any(by_name[n].framework == "jax" for n in names):
+    import absl.logging
+    absl.logging.set_verbosity(absl.logging.WARNING)
+    from benchmarks.accelerator import jax_work
+    jax_work.machine(recorders[names[0]])
+  prepared = {}
+  with tempfile.TemporaryDirectory(prefix="ncjax_accelerator_") as workdir:
+    for name in names:
+      try:
+        prepared[name] = _prepare(name, recorders[name], sizes, smoke, sections, deadline, workdir)
+      except Exception as e:   # its rows say so; the other workers go on
+        w = by_name[name]
+        recorders[name].row(w.section, f"{w.title} (worker {name}, preparing)", status=_failure(e))
+        prepared[name] = None
+      print(f"@ready {name}", flush=True)
+    for name in names:
+      line = sys.stdin.readline().split()
+      word = line[0] if line and line[1:] == [name] else "skip"
+      w = by_name[name]
+      if word == "go" and prepared[name] is not None:
+        try:
+          prepared[name].turn()
+        except Exception as e:
+          recorders[name].row(w.section, f"{w.title} (worker {name})", status=_failure(e))
+      elif word != "go":
+        recorders[name].row(w.section, f"{w.title} (worker {name})", status=record.NOT_RUN_TIME,
+                            note="its turn no longer fitted before the deadline")
+      prepared[name] = None   # its memory back before the next worker's turn
+      print(f"@done {name}", flush=True)
   return 0
 
 

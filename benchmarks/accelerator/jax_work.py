@@ -1,12 +1,12 @@
 """The JAX side of the accelerator check: ncjax's real train steps on the device (sections a, d, e) and its NCU
-stage-2 loss (section c), in a process that imports no torch.
+stage-2 loss (section c), in processes that import no torch. Each worker of the plan (benchmarks/accelerator/
+plan.py) has a `prepare` (trainers, lowering, one wave of compiles on a thread pool: XLA compiles without the GIL)
+and a `turn` (what runs on the GPU while no other worker does: timings, real steps).
 
 A step is the trainer's own: a `Trainer` built from the method's config, the `StageProgram` of its first stage with
 steps, its jitted step lowered and compiled ahead of time, then called on a device-resident batch of the training
-pipeline, the state passed from call to call as the trainer does (donated). Compiles are what costs time on a GPU
-(tens of seconds per ViT-B/16 step), so every section lowers its programs first and compiles them together on a
-thread pool (XLA compiles without the GIL, each compile mostly on one core), initialising train states on the main
-thread meanwhile; configurations that share a state layout share one state.
+pipeline, the state passed from call to call as the trainer does (donated); configurations that share a state
+layout share one state.
 
 The synthetic data is made small: the embedded `synthetic` set at 224 px would generate 4,096 images (2.4 GB) per
 trainer. Sections a and e register a set with just the examples their batches need (random pixels: NCU's forget
@@ -17,12 +17,10 @@ thousands of examples only need shapes).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import functools
 import math
 import os
 import statistics
-import tempfile
 import time
 from importlib import metadata
 
@@ -172,20 +170,20 @@ def _loss_of(metrics) -> float:
   return float(metrics[keys[0]]) if keys else float("nan")
 
 
-def time_steps(compiled, state, batch, plan: record.Plan, mesh):
+def time_steps(compiled, state, batch, sizes: record.Sizes, mesh):
   """(median seconds per step over the plan's rounds, the state after, the last metrics): back-to-back calls on the
   same device batch, blocked once per round, after warm-up calls."""
   with jax.set_mesh(mesh):
-    for _ in range(plan.warmup):
+    for _ in range(sizes.warmup):
       state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
     per_round = []
-    for _ in range(plan.rounds):
+    for _ in range(sizes.rounds):
       start = time.perf_counter()
-      for _ in range(plan.steps):
+      for _ in range(sizes.steps):
         state, metrics = compiled(state, batch)
       jax.block_until_ready((state, metrics))
-      per_round.append((time.perf_counter() - start) / plan.steps)
+      per_round.append((time.perf_counter() - start) / sizes.steps)
   return statistics.median(per_round), state, metrics
 
 
@@ -194,18 +192,42 @@ def _failure(e: Exception) -> str:
   return f"failed: {type(e).__name__}: {text[0][:200] if text else ''}"
 
 
-@contextlib.contextmanager
-def _compiler(plan: record.Plan):
-  with concurrent.futures.ThreadPoolExecutor(max_workers=plan.compile_threads) as pool:
-    yield pool
+def compile_wave(lowered: list) -> list:
+  """(compiled, seconds) of each lowered program, compiled concurrently; (None, failure status) where one raised."""
+  if not lowered:
+    return []
+  with concurrent.futures.ThreadPoolExecutor(max_workers=len(lowered)) as pool:
+    return _gather([pool.submit(_compile, low) for low in lowered])
 
 
 # --- section a: the CLIP step, each attention kind -----------------------------------------------------------------
 
-def matmul_rate(rec: record.Recorder, plan: record.Plan) -> float:
-  """FLOP/s of one jitted n^3 bf16 matmul on the default device, back-to-back calls: the card's rate that MFU is a
-  fraction of, measured in this run instead of taken from a data sheet (clocks and power limits differ by host)."""
-  n = plan.matmul
+# Dense bf16 peaks of the cards' datasheets (without sparsity), FLOP/s, and where each figure is printed: MFU is
+# quoted against these, as published MFUs are. Matched against the device's name (nvidia-smi's, JAX's device kind).
+DATASHEET_BF16 = (
+    ("H100 PCIe", 756e12, "NVIDIA H100 datasheet (PCIe: 1,513 TFLOP/s with sparsity)"),
+    ("H100 NVL", 835e12, "NVIDIA H100 datasheet (NVL: 1,671 TFLOP/s with sparsity)"),
+    ("H200 NVL", 835e12, "NVIDIA H200 datasheet (NVL: 1,671 TFLOP/s with sparsity)"),
+    ("H100", 989e12, "NVIDIA H100 datasheet (SXM: 1,979 TFLOP/s with sparsity)"),
+    ("H200", 989e12, "NVIDIA H200 datasheet (SXM: 1,979 TFLOP/s with sparsity)"),
+    ("GH200", 989e12, "NVIDIA GH200 datasheet (1,979 TFLOP/s with sparsity)"),
+    ("A100", 312e12, "NVIDIA A100 datasheet (624 TFLOP/s with sparsity)"),
+    ("L40S", 362e12, "NVIDIA L40S datasheet (733 TFLOP/s with sparsity)"),
+)
+
+
+def datasheet_peak(device_name: str) -> tuple[float, str] | None:
+  """(dense bf16 FLOP/s, its source) of the card named `device_name`, None for a card not listed (or a CPU)."""
+  for key, flops, source in DATASHEET_BF16:
+    if key.lower() in device_name.lower():
+      return flops, source
+  return None
+
+
+def matmul_rate(rec: record.Recorder, sizes: record.Sizes) -> float:
+  """FLOP/s of one jitted n^3 bf16 matmul on the default device, back-to-back calls: the rate this card reaches
+  in this run (clocks and power limits differ by host), beside the datasheet's peak."""
+  n = sizes.matmul
   k1, k2 = jax.random.split(jax.random.PRNGKey(0))
   a = jax.random.normal(k1, (n, n), jnp.bfloat16)
   b = jax.random.normal(k2, (n, n), jnp.bfloat16)
@@ -219,70 +241,84 @@ def matmul_rate(rec: record.Recorder, plan: record.Plan) -> float:
     jax.block_until_ready(out)
     times.append((time.perf_counter() - start) / calls)
   rate = 2.0 * n ** 3 / min(times)
+  peak = datasheet_peak(jax.devices()[0].device_kind)
   rec.row("a", f"bf16 matmul {n} x {n} x {n}, jitted (the card's measured rate)", rate / 1e12, "TFLOP/s",
-          note="the denominator of MFU below", matmul_n=n, seconds=min(times))
+          vs=rate / peak[0] if peak else None, ref="of the datasheet peak" if peak else "",
+          note="the denominator of the measured-rate MFU", matmul_n=n, seconds=min(times))
   return rate
 
 
-def clip_section(rec: record.Recorder, plan: record.Plan, workdir: str) -> None:
-  from ncjax.models.layers import cudnn_refusal
-  n_dev = jax.device_count()
-  rate = matmul_rate(rec, plan)
-  kinds = []
-  for kind in ATTENTION_KINDS:
-    why = (cudnn_refusal(dtype=jnp.bfloat16, head_dim=_head_dim(plan.model), platform=jax.default_backend())
-           if kind == "cudnn" else None)
-    if why:
-      rec.row("a", f"{plan.model} bf16, attention={kind}", status=f"skipped: {why}", attention=kind)
-    else:
-      kinds.append(kind)
-  data = _dataset("random", max(plan.batches) * n_dev)
-  configs = [(batch, kind) for batch in sorted(plan.batches) for kind in kinds]
-  if not rec.fits("vit_compile_round"):
-    for batch, kind in configs:
-      rec.row("a", _a_config(plan, batch, kind), status=record.NOT_RUN_TIME, attention=kind, batch=batch)
-    return
-  setups, futures = [], []
-  with _compiler(plan) as pool:
-    for batch, kind in configs:
-      s = Setup(method_config("clip", "noise=0", model=plan.model, global_batch=batch * n_dev, data=data,
-                              attention=kind), os.path.join(workdir, f"a_{batch}_{kind}"))
-      setups.append(s)
-      futures.append(pool.submit(_compile, s.lower(s.pipeline_batch())))
-    state, layout = setups[0].init_state(), _state_layout(setups[0])
-    results = _gather(futures)   # nothing is timed while a compile may still be autotuning kernels on the device
-  done_batch = None
-  for (batch, kind), s, (compiled, compile_s) in zip(configs, setups, results):
-    if done_batch is not None and batch != done_batch:
-      _peak_row(rec, plan, done_batch)
-    done_batch = batch
-    config = _a_config(plan, batch, kind)
-    if compiled is None:
-      rec.row("a", config, status=compile_s, attention=kind, batch=batch)
-      continue
-    if not rec.fits("vit_timing"):
-      rec.row("a", config, status=record.NOT_RUN_TIME, attention=kind, batch=batch, compile_s=compile_s)
-      continue
-    if _state_layout(s) != layout:
-      state, layout = s.init_state(), _state_layout(s)
-    try:
-      seconds, state, metrics = time_steps(compiled, state, s.pipeline_batch(), plan, s.mesh)
-    except Exception as e:
-      rec.row("a", config, status=_failure(e), attention=kind, batch=batch, compile_s=compile_s)
-      state, layout = s.init_state(), _state_layout(s)   # the failed call may have consumed the donated state
-      continue
-    flops = train_step_flops(s.spec, s.global_batch, method="clip")
-    mfu = flops / seconds / (rate * n_dev)
-    fp = footprint(compiled)
-    loss = _loss_of(metrics)
-    rec.row("a", config, s.global_batch / seconds, "pairs/s", vs=mfu, ref="MFU (model FLOPs / measured rate)",
-            note=f"step {seconds * 1e3:.1f} ms, {flops / 1e12:.2f} TFLOP/step, compile {compile_s:.0f} s"
-                 + (f", footprint {fp / 2**30:.2f} GiB" if fp else ""),
-            attention=kind, batch=batch, global_batch=s.global_batch, step_s=seconds, model_flops=flops,
-            xla_flops=common.compiled_flops(compiled, partitions=n_dev), footprint_bytes=fp, compile_s=compile_s,
-            loss=loss, finite=math.isfinite(loss), n_devices=n_dev)
-  if done_batch is not None:
-    _peak_row(rec, plan, done_batch)
+class CLIPWorker:
+  """Section a at one per-GPU batch: the CLIP ViT-B/16 step for each attention kind that can run here. Prepared:
+  each kind's program compiled (its memory footprint recorded at once: section d's line reads it) and one train
+  state (the kinds share its layout). Turn: the matmul rate (the first batch's worker), each program timed, the
+  process's peak memory."""
+
+  def __init__(self, rec: record.Recorder, sizes: record.Sizes, batch: int, workdir: str, *, matmul: bool):
+    from ncjax.models.layers import cudnn_refusal
+    self.rec, self.sizes, self.batch, self.matmul = rec, sizes, batch, matmul
+    n_dev = jax.device_count()
+    self.configs = []
+    for kind in ATTENTION_KINDS:
+      why = (cudnn_refusal(dtype=jnp.bfloat16, head_dim=_head_dim(sizes.model), platform=jax.default_backend())
+             if kind == "cudnn" else None)
+      if why:
+        rec.row("a", _a_config(sizes, batch, kind), status=f"skipped: {why}", attention=kind, batch=batch)
+      else:
+        self.configs.append(kind)
+    data = _dataset("random", max(sizes.batches) * n_dev)
+    self.setups = [Setup(method_config("clip", "noise=0", model=sizes.model, global_batch=batch * n_dev, data=data,
+                                       attention=kind), os.path.join(workdir, f"a_{batch}_{kind}"))
+                   for kind in self.configs]
+    self.compiled = compile_wave([s.lower(s.pipeline_batch()) for s in self.setups])
+    for kind, (compiled, compile_s) in zip(self.configs, self.compiled):
+      if compiled is not None:
+        rec.write(dict(kind="compiled", section="a", attention=kind, batch=batch, compile_s=compile_s,
+                       footprint_bytes=footprint(compiled)))
+    self.state = self.setups[0].init_state() if self.setups else None
+
+  def turn(self) -> None:
+    rec, sizes, batch = self.rec, self.sizes, self.batch
+    n_dev = jax.device_count()
+    rate = matmul_rate(rec, sizes) if self.matmul else _matmul_from_rows(rec.out)
+    peak = datasheet_peak(jax.devices()[0].device_kind)
+    state, layout = self.state, _state_layout(self.setups[0]) if self.setups else None
+    for kind, s, (compiled, compile_s) in zip(self.configs, self.setups, self.compiled):
+      config = _a_config(sizes, batch, kind)
+      if compiled is None:
+        rec.row("a", config, status=compile_s, attention=kind, batch=batch)
+        continue
+      if not rec.fits("timing"):
+        rec.row("a", config, status=record.NOT_RUN_TIME, attention=kind, batch=batch, compile_s=compile_s)
+        continue
+      if _state_layout(s) != layout:
+        state, layout = s.init_state(), _state_layout(s)
+      try:
+        seconds, state, metrics = time_steps(compiled, state, s.pipeline_batch(), sizes, s.mesh)
+      except Exception as e:
+        rec.row("a", config, status=_failure(e), attention=kind, batch=batch, compile_s=compile_s)
+        state, layout = s.init_state(), _state_layout(s)   # the failed call may have consumed the donated state
+        continue
+      flops = train_step_flops(s.spec, s.global_batch, method="clip")
+      mfu_peak = flops / seconds / (peak[0] * n_dev) if peak else None
+      mfu_measured = flops / seconds / (rate * n_dev) if rate else None
+      fp = footprint(compiled)
+      loss = _loss_of(metrics)
+      rec.row("a", config, s.global_batch / seconds, "pairs/s", vs=mfu_peak,
+              ref=f"MFU of the datasheet peak ({peak[1]})" if peak else "",
+              note=f"step {seconds * 1e3:.1f} ms, {flops / 1e12:.2f} TFLOP/step, compile {compile_s:.0f} s"
+                   + (f", footprint {fp / 2**30:.2f} GiB" if fp else ""),
+              attention=kind, batch=batch, global_batch=s.global_batch, step_s=seconds, model_flops=flops,
+              mfu_peak=mfu_peak, mfu_measured=mfu_measured, peak_flops=peak[0] if peak else None,
+              xla_flops=common.compiled_flops(compiled, partitions=n_dev), footprint_bytes=fp, compile_s=compile_s,
+              loss=loss, finite=math.isfinite(loss), n_devices=n_dev)
+    _peak_row(rec, sizes, batch)
+
+
+def _matmul_from_rows(out: str) -> float | None:
+  rows = [r for r in record.read_rows(out) if r.get("kind") == "row" and r.get("unit") == "TFLOP/s"
+          and r.get("status") == "ok"]
+  return rows[-1]["value"] * 1e12 if rows else None
 
 
 def _head_dim(model: str) -> int:
@@ -298,119 +334,113 @@ def _auto_attention(model: str) -> str:
   return resolve_attention("auto", dtype=jnp.bfloat16, head_dim=_head_dim(model))
 
 
-def _a_config(plan, batch, kind):
-  return f"CLIP {plan.model} bf16, attention={kind}, batch {batch}/GPU"
+def _a_config(sizes, batch, kind):
+  return f"CLIP {sizes.model} bf16, attention={kind}, batch {batch}/GPU"
 
 
-def _peak_row(rec, plan, batch):
-  """Section d's first rows: the process's peak device memory after section a's steps at `batch` (the allocator's
-  peak cannot be reset, so batches run in increasing order and each peak covers that batch's attention kinds)."""
+def _peak_row(rec, sizes, batch):
+  """Section d's first rows: this process's peak device memory after section a's steps at `batch` (its attention
+  kinds; each batch's worker is a process of its own)."""
   peak = device_memory().get("peak_bytes_in_use")
+  label = f"peak device memory, CLIP {sizes.model} batch {batch}/GPU (section a's steps)"
   if peak is None:
-    rec.row("d", f"peak device memory, CLIP {plan.model} batch {batch}/GPU (section a's steps)",
-            status="skipped: this backend reports no memory statistics (section a's footprints are in its rows)",
-            batch=batch)
+    rec.row("d", label, status="skipped: this backend reports no memory statistics (section a's footprints are in "
+                               "its rows)", batch=batch)
     return
-  rec.row("d", f"peak device memory, CLIP {plan.model} batch {batch}/GPU (section a's steps)", peak / 2**30,
-          "GiB", note="process peak over the attention kinds", batch=batch, peak_bytes=peak)
+  rec.row("d", label, peak / 2**30, "GiB", note="process peak over the attention kinds", batch=batch,
+          peak_bytes=peak)
 
 
 # --- section d: the largest batch that fits -----------------------------------------------------------------------
 
-def memory_section(rec: record.Recorder, plan: record.Plan, workdir: str, out: str) -> None:
-  """The largest per-GPU ViT-B/16 CLIP batch that fits, with and without rematerialisation, from compiled programs'
-  memory analyses: a program's footprint grows linearly with the batch, so two compiles give the line, the
-  prediction at the limit is confirmed by compiling it (and corrected once, through the confirmed point, if it
-  does not fit), and one real step then runs at that batch."""
-  n_dev = jax.device_count()
-  b1, b2 = sorted(plan.batches)[:2]
-  from_a = _section_a_points(out)
-  kind = from_a["kind"] if from_a else "auto"
-  data = _dataset("broadcast", b2 * n_dev)
-  small = {}   # (remat, batch) -> Setup, for the line's points
+class MemoryWorker:
+  """Section c's ncjax side and section d. Prepared: the largest per-GPU ViT-B/16 CLIP batch that fits, with and
+  without rematerialisation, from compiled programs' memory analyses. A program's footprint grows linearly with the
+  batch, so two compiles give a line (remat off: section a's two batches at the kind 'auto' picks, read from its
+  workers' records; remat on: compiled here); each line's prediction at the device's limit and 90% of it are then
+  compiled together, and the larger that fits is the answer: at most six compiles in three waves. Turn: the NCU
+  loss timings, one real step at each batch found."""
 
-  def setup(remat, batch, data=data):
-    cfg = method_config("clip", "noise=0", model=plan.model, global_batch=batch * n_dev, data=data,
-                        attention=kind, remat=remat)
-    return Setup(cfg, os.path.join(workdir, f"d_{remat}_{batch}_{time.monotonic_ns()}"))
-
-  def abstract_batch(template: Setup, batch):
-    return {k: jax.ShapeDtypeStruct((batch * n_dev,) + v.shape[1:], v.dtype, sharding=template.prog.batch_sh)
-            for k, v in template.pipeline_batch().items()}
-
-  points = {False: dict(from_a["points"]) if from_a else {}, True: {}}
-  if not rec.fits("vit_compile_round", 2):
-    rec.row("d", f"largest batch that fits, {plan.model}", status=record.NOT_RUN_TIME)
-    return
-  with _compiler(plan) as pool:
-    jobs = {}
-    for remat in (False, True):
-      for batch in (b1, b2):
-        if batch not in points[remat]:
-          small[remat, batch] = s = setup(remat, batch)
-          jobs[remat, batch] = pool.submit(_compile, s.lower(s.pipeline_batch()))
-    for (remat, batch), fut in jobs.items():
-      try:
-        points[remat][batch] = footprint(fut.result()[0])
-      except Exception as e:
-        rec.row("d", f"footprint, remat={remat}, batch {batch}/GPU", status=_failure(e))
+  def __init__(self, rec: record.Recorder, sizes: record.Sizes, workdir: str, *, wait_for_a_s: float):
+    self.rec, self.sizes, self.workdir = rec, sizes, workdir
+    n_dev = self.n_dev = jax.device_count()
+    self.kind = _auto_attention(sizes.model)
+    self.b1, self.b2 = sorted(sizes.batches)[:2]
+    self.data = _dataset("broadcast", self.b2 * n_dev)
+    self.found = {}
+    points = {True: self._own_points(True)}
     memory = device_memory()
+    points[False] = self._a_points(wait_for_a_s) or self._own_points(False)
     limit = memory.get("bytes_limit")
     limit_note = "the device's bytes_limit"
     if not limit:
       known = [f for f in points[False].values() if f]
       limit = int(SMOKE_NOMINAL_LIMIT * max(known)) if known else None
-      limit_note = f"nominal: {SMOKE_NOMINAL_LIMIT:g}x the batch-{b2} footprint (this backend reports no limit)"
-    if limit is None or any(points[r].get(b) is None for r in (False, True) for b in (b1, b2)):
-      rec.row("d", f"largest batch that fits, {plan.model}", status="failed: no memory analysis of the steps")
+      limit_note = f"nominal: {SMOKE_NOMINAL_LIMIT:g}x the batch-{self.b2} footprint (this backend reports no limit)"
+    self.limit = limit
+    if limit is None or any(points[r].get(b) is None for r in (False, True) for b in (self.b1, self.b2)):
+      rec.row("d", f"largest batch that fits, {sizes.model}", status="failed: no memory analysis of the steps")
       return
     rec.row("d", "device memory limit", limit / 2**30, "GiB", note=limit_note, bytes_limit=limit)
-    template = small.get((False, b1)) or setup(False, b1)
-    found = {}
-    for remat in (False, True):
-      slope = (points[remat][b2] - points[remat][b1]) / (b2 - b1)
-      intercept = points[remat][b1] - slope * b1
-      found[remat] = dict(slope=slope, intercept=intercept, predicted=_batch_at(slope, intercept, limit, n_dev))
-    pending = {r: found[r]["predicted"] for r in (False, True)}
-    for attempt in (1, 2):   # the prediction, then at most one correction through the confirmed point
-      if not pending or not rec.fits("vit_compile_round"):
-        break
-      jobs = {}
-      for remat, batch in pending.items():
-        s = setup(remat, batch, data=_dataset("broadcast", batch * n_dev))
-        found[remat]["setup"] = s
-        jobs[remat] = pool.submit(_compile, s.lower(abstract_batch(template, batch)))
-      pending = {}
-      for remat, fut in jobs.items():
-        f = found[remat]
-        try:
-          compiled, compile_s = fut.result()
-        except Exception as e:
-          f["error"] = _failure(e)
-          continue
-        batch = f["setup"].global_batch // n_dev
-        fb = footprint(compiled)
-        f.update(batch=batch, footprint=fb, compiled=compiled, compile_s=compile_s, attempts=attempt,
-                 prediction_error=fb / (f["intercept"] + f["slope"] * batch) - 1)
-        if fb > limit and attempt == 1:
-          slope = (fb - points[remat][b2]) / (batch - b2)
-          pending[remat] = _batch_at(slope, fb - slope * batch, limit, n_dev)
-          f["over_limit"] = batch
-    for remat in (False, True):
-      _fit_rows(rec, plan, found[remat], remat, limit, remat in pending)
-  _real_steps(rec, plan, found, template, limit)
+    for remat in (True, False):   # remat's line is known first; each wave compiles one line's two candidates
+      self.found[remat] = self._candidates(remat, points[remat])
+      _fit_rows(rec, sizes, self.found[remat], remat, limit)
 
+  def _setup(self, remat: bool, batch: int) -> Setup:
+    cfg = method_config("clip", "noise=0", model=self.sizes.model, global_batch=batch * self.n_dev,
+                        data=_dataset("broadcast", batch * self.n_dev), attention=self.kind, remat=remat)
+    return Setup(cfg, os.path.join(self.workdir, f"d_{remat}_{batch}_{time.monotonic_ns()}"))
 
-def _section_a_points(out: str):
-  """{kind, points: {batch: footprint}} of section a's fastest attention kind at its largest batch, or None."""
-  rows = [r for r in record.read_rows(out) if r.get("kind") == "row" and r.get("section") == "a"
-          and r.get("status") == "ok" and r.get("footprint_bytes")]
-  if not rows:
-    return None
-  top = max(r["batch"] for r in rows)
-  best = max((r for r in rows if r["batch"] == top), key=lambda r: r["value"])
-  points = {r["batch"]: r["footprint_bytes"] for r in rows if r["attention"] == best["attention"]}
-  return dict(kind=best["attention"], points=points) if len(points) >= 2 else None
+  def _abstract_batch(self, template: Setup, batch: int):
+    return {k: jax.ShapeDtypeStruct((batch * self.n_dev,) + v.shape[1:], v.dtype, sharding=template.prog.batch_sh)
+            for k, v in template.pipeline_batch().items()}
+
+  def _own_points(self, remat: bool) -> dict:
+    setups = {b: self._setup(remat, b) for b in (self.b1, self.b2)}
+    if not hasattr(self, "template"):
+      self.template = setups[self.b1]
+    results = compile_wave([s.lower(s.pipeline_batch()) for s in setups.values()])
+    return {b: footprint(compiled) if compiled is not None else None for b, (compiled, _) in zip(setups, results)}
+
+  def _a_points(self, wait_s: float) -> dict | None:
+    """{batch: footprint} of section a's programs at the kind 'auto' picks, waiting up to `wait_s` for its workers
+    to compile them; None if they do not."""
+    until = time.time() + wait_s
+    while True:
+      rows = [r for r in record.read_rows(self.rec.out) if r.get("kind") == "compiled" and r.get("section") == "a"
+              and r.get("attention") == self.kind and r.get("footprint_bytes")]
+      points = {r["batch"]: r["footprint_bytes"] for r in rows}
+      if self.b1 in points and self.b2 in points:
+        return {b: points[b] for b in (self.b1, self.b2)}
+      if time.time() >= until:
+        return None
+      time.sleep(2)
+
+  def _candidates(self, remat: bool, points: dict) -> dict:
+    slope = (points[self.b2] - points[self.b1]) / (self.b2 - self.b1)
+    intercept = points[self.b1] - slope * self.b1
+    predicted = _batch_at(slope, intercept, self.limit, self.n_dev)
+    batches = sorted({predicted, max(8, int(0.9 * predicted) // 8 * 8)})
+    found = dict(slope=slope, intercept=intercept, predicted=predicted, tried={})
+    if not self.rec.fits("compile"):
+      found["error"] = record.NOT_RUN_TIME
+      return found
+    setups = [self._setup(remat, b) for b in batches]
+    results = compile_wave([s.lower(self._abstract_batch(self.template, b)) for s, b in zip(setups, batches)])
+    for b, s, (compiled, compile_s) in zip(batches, setups, results):
+      if compiled is None:
+        found.setdefault("error", compile_s)
+        continue
+      fb = footprint(compiled)
+      found["tried"][b] = fb
+      if fb <= self.limit and b > found.get("batch", 0):
+        found.update(batch=b, footprint=fb, compiled=compiled, setup=s, compile_s=compile_s,
+                     prediction_error=fb / (intercept + slope * b) - 1)
+    return found
+
+  def turn(self) -> None:
+    ncu_section(self.rec, self.sizes)
+    _real_steps(self.rec, self.sizes, self.found, getattr(self, "template", None))
 
 
 def _batch_at(slope: float, intercept: float, limit: int, n_dev: int) -> int:
@@ -419,46 +449,40 @@ def _batch_at(slope: float, intercept: float, limit: int, n_dev: int) -> int:
   return max(8, batch // 8 * 8)
 
 
-def _fit_rows(rec, plan, found, remat, limit, correction_pending):
-  label = f"largest CLIP {plan.model} bf16 batch/GPU that fits, remat={remat}"
+def _fit_rows(rec, sizes, found, remat, limit):
+  label = f"largest CLIP {sizes.model} bf16 batch/GPU that fits, remat={remat}"
   line = f"line {found['slope'] / 2**20:.2f} MiB/example + {found['intercept'] / 2**30:.2f} GiB"
-  if "footprint" not in found:
-    rec.row("d", label, status=found.get("error", record.NOT_RUN_TIME), note=f"predicted {found['predicted']}, {line}",
-            remat=remat, predicted=found["predicted"])
+  tried = ", ".join(f"{b}: {f / 2**30:.2f} GiB" for b, f in sorted(found["tried"].items()))
+  if "batch" not in found:
+    status = found.get("error") or f"failed: neither candidate fits ({tried})"
+    rec.row("d", label, status=status, note=f"predicted {found['predicted']}, {line}", remat=remat,
+            predicted=found["predicted"])
     return
-  fits = found["footprint"] <= limit
-  if fits:
-    status = "ok"
-  elif correction_pending:   # over the limit, and no time left to compile the corrected batch
-    status = record.NOT_RUN_TIME
-  else:
-    status = "failed: the corrected prediction does not fit either"
-  rec.row("d", label, found["batch"] if fits else None, "examples", vs=found["footprint"] / limit,
-          ref="footprint / limit", status=status,
-          note=f"{line}; predicted {found['predicted']}, compiled {found['batch']}: footprint "
-               f"{found['footprint'] / 2**30:.2f} GiB ({found['prediction_error']:+.1%} off the line)",
+  rec.row("d", label, found["batch"], "examples", vs=found["footprint"] / limit, ref="footprint / limit",
+          note=f"{line}; predicted {found['predicted']}; compiled {tried} ({found['prediction_error']:+.1%} off the "
+               f"line at {found['batch']})",
           remat=remat, batch=found["batch"], footprint_bytes=found["footprint"], predicted=found["predicted"],
           slope=found["slope"], intercept=found["intercept"], limit=limit, compile_s=found["compile_s"],
-          over_limit=found.get("over_limit"), compiles=found["attempts"])
+          tried=found["tried"])
 
 
-def _real_steps(rec, plan, found, template: Setup, limit):
-  """One timed step (after one that may warm up) at each batch found, on a batch tiled from the template's pipeline
-  batch; remat changes no parameter, so both share one train state."""
-  base = template.pipeline_batch()
+def _real_steps(rec, sizes, found, template):
+  """Two steps at each batch found (the first may warm up; the second is timed), on a batch tiled from the
+  template's pipeline batch; remat changes no parameter, so both share one train state."""
   state = layout = None
-  for remat in (False, True):
-    f = found[remat]
+  for remat in (True, False):
+    f = found.get(remat, {})
     label = f"real step at the largest batch, remat={remat}"
-    if "compiled" not in f or f["footprint"] > limit:
+    if "compiled" not in f:
       rec.row("d", label, status="skipped: no batch that fits was found", remat=remat)
       continue
-    if not rec.fits("vit_init") or not rec.fits("vit_timing", 2 * f["batch"] / max(plan.batches)):
+    if not rec.fits("steps_large", 0.5):
       rec.row("d", label, status=record.NOT_RUN_TIME, remat=remat, batch=f["batch"])
       continue
     s = f["setup"]
     n = f["batch"] * jax.device_count()
     try:
+      base = template.pipeline_batch()
       batch = jax.device_put({k: np.resize(np.asarray(v), (n,) + v.shape[1:]) for k, v in base.items()},
                              s.prog.batch_sh)
       if layout != _state_layout(s):
@@ -484,61 +508,64 @@ def _real_steps(rec, plan, found, template: Setup, limit):
 
 # --- section e: every method against CLIP --------------------------------------------------------------------------
 
-def methods_section(rec: record.Recorder, plan: record.Plan, workdir: str, out: str) -> None:
-  """Each method's step against CLIP's at the same size and batch. CLIP's step is section a's at the attention
-  kind 'auto' resolves to, where section a ran it at this batch (the same program on the same card), else timed
-  here."""
-  from benchmarks.steps import METHODS
-  n_dev = jax.device_count()
-  batch = plan.methods_batch
-  names = [n for n in METHODS if plan.methods is None or n in plan.methods]
-  clip = _clip_from_a(out, batch, _auto_attention(plan.model))
-  if clip:
-    rec.row("e", _e_config(plan, "CLIP", batch), clip["step_s"] * 1e3, "ms/step", vs=1.0, ref="CLIP's step",
-            note=f"section a's step (attention={clip['attention']})", method="CLIP", step_s=clip["step_s"],
-            global_batch=clip["global_batch"])
-    names.remove("CLIP")
-  if not rec.fits("vit_compile_round"):
-    for name in names:
-      rec.row("e", _e_config(plan, name, batch), status=record.NOT_RUN_TIME, method=name)
-    return
-  # AC / HAC train on N retain + N forget pairs of the keyword 'cat' (about a third of the synthetic captions).
-  data = _dataset("random", max(1024, 4 * batch * n_dev))
-  setups, futures, states = {}, [], {}
-  with _compiler(plan) as pool:
-    for name in names:
+class MethodsWorker:
+  """Section e for some of the methods: prepared, their steps compiled (no state: each method's is made in the
+  turn and dropped after its timing, so nothing is held while section d runs at the largest batch); turn, each
+  timed against CLIP's step — section a's at the kind 'auto' picks (the same program on the same card), else timed
+  here when CLIP is among `names`."""
+
+  def __init__(self, rec: record.Recorder, sizes: record.Sizes, names: list[str], workdir: str):
+    from benchmarks.steps import METHODS
+    self.rec, self.sizes, self.names = rec, sizes, list(names)
+    n_dev = jax.device_count()
+    batch = sizes.methods_batch
+    # AC / HAC train on N retain + N forget pairs of the keyword 'cat' (about a third of the synthetic captions).
+    data = _dataset("random", max(1024, 4 * batch * n_dev))
+    self.setups = {}
+    for name in self.names:
       config_name, arg = METHODS[name]
       try:
-        s = Setup(method_config(config_name, arg, model=plan.model, global_batch=batch * n_dev, data=data),
-                  os.path.join(workdir, f"e_{config_name}"))
-        futures.append(pool.submit(_compile, s.lower(s.pipeline_batch())))
-        setups[name] = s
+        self.setups[name] = Setup(method_config(config_name, arg, model=sizes.model, global_batch=batch * n_dev,
+                                                data=data), os.path.join(workdir, f"e_{config_name}"))
       except Exception as e:
-        rec.row("e", _e_config(plan, name, batch), status=_failure(e), method=name)
-    for name, s in setups.items():   # while the steps compile
-      if rec.fits("vit_init", 2):
-        states[name] = s.init_state()
-    results = _gather(futures)
-  clip_s = clip["step_s"] if clip else None
-  for (name, s), (compiled, compile_s) in zip(setups.items(), results):
-    config = _e_config(plan, name, batch)
-    if compiled is None:
-      rec.row("e", config, status=compile_s, method=name)
-      continue
-    if name not in states or not rec.fits("vit_timing"):
-      rec.row("e", config, status=record.NOT_RUN_TIME, method=name, compile_s=compile_s)
-      continue
-    try:
-      seconds, _, metrics = time_steps(compiled, states.pop(name), s.pipeline_batch(), plan, s.mesh)
-    except Exception as e:
-      rec.row("e", config, status=_failure(e), method=name, compile_s=compile_s)
-      continue
-    if name == "CLIP":
-      clip_s = seconds
-    loss = _loss_of(metrics)
-    rec.row("e", config, seconds * 1e3, "ms/step", vs=seconds / clip_s if clip_s else None,
-            ref="CLIP's step" if clip_s else "", note=f"compile {compile_s:.0f} s", method=name, step_s=seconds,
-            global_batch=s.global_batch, loss=loss, finite=math.isfinite(loss), compile_s=compile_s)
+        rec.row("e", _e_config(sizes, name, batch), status=_failure(e), method=name)
+    self.compiled = dict(zip(self.setups, compile_wave([s.lower(s.pipeline_batch()) for s in self.setups.values()])))
+
+  def turn(self) -> None:
+    rec, sizes, batch = self.rec, self.sizes, self.sizes.methods_batch
+    clip = _clip_from_a(rec.out, batch, _auto_attention(sizes.model))
+    clip_s = clip["step_s"] if clip else None
+    for name, s in self.setups.items():
+      compiled, compile_s = self.compiled[name]
+      config = _e_config(sizes, name, batch)
+      if compiled is None:
+        rec.row("e", config, status=compile_s, method=name)
+        continue
+      if not rec.fits("init") or not rec.fits("timing"):
+        rec.row("e", config, status=record.NOT_RUN_TIME, method=name, compile_s=compile_s)
+        continue
+      try:
+        seconds, _, metrics = time_steps(compiled, s.init_state(), s.pipeline_batch(), sizes, s.mesh)
+      except Exception as e:
+        rec.row("e", config, status=_failure(e), method=name, compile_s=compile_s)
+        continue
+      if name == "CLIP":
+        clip_s = seconds
+      loss = _loss_of(metrics)
+      rec.row("e", config, seconds * 1e3, "ms/step", vs=seconds / clip_s if clip_s else None,
+              ref="CLIP's step" if clip_s else "", note=f"compile {compile_s:.0f} s", method=name, step_s=seconds,
+              global_batch=s.global_batch, loss=loss, finite=math.isfinite(loss), compile_s=compile_s)
+
+
+def clip_reference_row(rec: record.Recorder, sizes: record.Sizes) -> None:
+  """Section e's CLIP row: section a's step at the batch and kind section e uses (written once, by the first
+  section-e worker's turn)."""
+  batch = sizes.methods_batch
+  clip = _clip_from_a(rec.out, batch, _auto_attention(sizes.model))
+  if clip:
+    rec.row("e", _e_config(sizes, "CLIP", batch), clip["step_s"] * 1e3, "ms/step", vs=1.0, ref="CLIP's step",
+            note=f"section a's step (attention={clip['attention']})", method="CLIP", step_s=clip["step_s"],
+            global_batch=clip["global_batch"])
 
 
 def _clip_from_a(out: str, batch: int, kind: str):
@@ -547,25 +574,25 @@ def _clip_from_a(out: str, batch: int, kind: str):
   return rows[0] if rows else None
 
 
-def _e_config(plan, name, batch):
-  return f"{name}, {plan.model} bf16, attention=auto, batch {batch}/GPU"
+def _e_config(sizes, name, batch):
+  return f"{name}, {sizes.model} bf16, attention=auto, batch {batch}/GPU"
 
 
 # --- section c: ncjax's NCU stage-2 loss ---------------------------------------------------------------------------
 
-def ncu_section(rec: record.Recorder, plan: record.Plan) -> None:
+def ncu_section(rec: record.Recorder, sizes: record.Sizes) -> None:
   """ncjax's stage-2 loss and its gradient (forget selection included, as the public loop's timing includes it),
-  jitted, at each N; at plan.ncu_check also its value at float32 ('highest') matmul precision, which the table
+  jitted, at each N; at sizes.ncu_check also its value at float32 ('highest') matmul precision, which the table
   compares with the public loop's (a GPU's default float32 matmul is TF32, ~1e-3 off)."""
   from ncjax.losses import ncu
-  largest = max(plan.ncu_sizes)
 
   def loss(v, t, tn):
     forget, _ = ncu.select_forget(v, t, record.NCU_LOGIT_SCALE, record.NCU_FORGET_RATIO)
     out = ncu.unlearning(v, t, tn, record.NCU_LOGIT_SCALE, forget, ncu.UnlearningOptions())
     return out.loss, out.scalars
 
-  for n in plan.ncu_sizes:
+  largest = max(sizes.ncu_sizes)
+  for n in sizes.ncu_sizes:
     config = f"ncjax.losses.ncu.unlearning (kernel Sinkhorn), loss + gradient, N = {n}, D = {record.NCU_DIM}"
     if not rec.fits("ncu_jax", max(0.3, (n / largest) ** 2)):
       rec.row("c", config, status=record.NOT_RUN_TIME, n=n, side="jax")
@@ -576,7 +603,7 @@ def ncu_section(rec: record.Recorder, plan: record.Plan) -> None:
       seconds, _ = common.time_fn(f, v, t, tn, warmup=1, repeats=3)
       (_, scalars), _ = f(v, t, tn)
       value = None
-      if n == plan.ncu_check:
+      if n == sizes.ncu_check:
         with jax.default_matmul_precision("highest"):
           value = float(jax.jit(lambda v, t, tn: loss(v, t, tn)[0])(v, t, tn))
     except Exception as e:
@@ -594,18 +621,14 @@ def machine(rec: record.Recorder) -> None:
                  jax=jax.__version__, jaxlib=metadata.version("jaxlib")))
 
 
-def run(rec_for, names, plan: record.Plan, out: str) -> None:
-  """Runs the JAX workers `names` (a, c_jax, d, e) in this process, in that order; `rec_for(name)` gives each its
-  Recorder."""
-  with tempfile.TemporaryDirectory(prefix="ncjax_accelerator_") as workdir:
-    machine(rec_for(names[0]))
-    for name in names:
-      rec = rec_for(name)
-      if name == "a":
-        clip_section(rec, plan, workdir)
-      elif name == "c_jax":
-        ncu_section(rec, plan)
-      elif name == "d":
-        memory_section(rec, plan, workdir, out)
-      elif name == "e":
-        methods_section(rec, plan, workdir, out)
+def prepare(name: str, rec: record.Recorder, sizes: record.Sizes, workdir: str, *, e_methods: list[str],
+            wait_for_a_s: float):
+  """The worker `name` of the plan, prepared: an object whose `turn()` runs its measurements."""
+  if name in ("a256", "a512"):
+    batch = sorted(sizes.batches)[0 if name == "a256" else 1]
+    return CLIPWorker(rec, sizes, batch, workdir, matmul=name == "a256")
+  if name == "cd":
+    return MemoryWorker(rec, sizes, workdir, wait_for_a_s=wait_for_a_s)
+  if name in ("e1", "e2"):
+    return MethodsWorker(rec, sizes, e_methods, workdir)
+  raise ValueError(f"no JAX worker {name!r}")

@@ -1,5 +1,5 @@
-"""What the accelerator check's processes share, importing neither JAX nor torch: the rows file, the deadline, the
-time estimates that decide whether a measurement still fits, and the NCU loss's inputs.
+"""What the accelerator check's processes share, importing neither JAX nor torch: the sizes, the rows file, the
+deadline (with the plan's estimates, whether a measurement still fits before it), and the NCU loss's inputs.
 
 Every worker process appends its rows to one JSON-lines file as each measurement finishes, so a worker stopped at
 the time limit (or crashing on the device) keeps what it measured; `bench.py` reads the file back and makes the
@@ -14,16 +14,14 @@ import math
 import os
 import time
 
-import numpy as np
-
-from ncjax.testing import NCU_CROSSCHECK, ncu_crosscheck_inputs
+from benchmarks.accelerator import plan as plan_lib
 
 ROWS_FILE = "rows.jsonl"
 NOT_RUN_TIME = "not run (time)"
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Sizes:
   """The sizes of one run. Batches are per GPU (the global batch is that times the devices)."""
   model: str                    # ncjax size name of sections a, d, e
   batches: tuple[int, ...]      # sections a and b (and the two points of d's memory line)
@@ -34,39 +32,22 @@ class Plan:
   steps: int                    # timed steps per round, rounds, warm-up steps
   rounds: int
   warmup: int
-  compile_threads: int          # XLA compiles run concurrently (each compile is mostly single-threaded)
   methods: tuple[str, ...] | None = None   # section e's methods (benchmarks/steps.py's names); None: all
 
 
-GPU_PLAN = Plan(model="ViT-B/16", batches=(256, 512), methods_batch=256, ncu_sizes=(2048, 8192, 32768),
-                ncu_check=2048, matmul=8192, steps=5, rounds=3, warmup=2, compile_threads=8)
+GPU_SIZES = Sizes(model="ViT-B/16", batches=(256, 512), methods_batch=256, ncu_sizes=(2048, 8192, 32768),
+                  ncu_check=2048, matmul=8192, steps=5, rounds=3, warmup=2)
 # The smoke run's section e keeps the methods whose steps differ most from CLIP's (two stages with an empty first,
 # Lorentz geometry with N + N forget / retain batches): every compile costs seconds on two cores.
-SMOKE_PLAN = Plan(model="micro", batches=(8, 16), methods_batch=16, ncu_sizes=(64, 128), ncu_check=64, matmul=256,
-                  steps=2, rounds=2, warmup=1, compile_threads=2, methods=("CLIP", "NCU (stage 2)", "HAC-reg"))
-
-# Seconds a measurement is expected to take on the GPU host (H100-class card, 16 cores), before it is started: a
-# measurement whose estimate would pass the deadline is recorded as not run instead. From the first runs' logs of
-# this check; the JSON records what each phase really took (`seconds` in the rows' extras), to correct them.
-GPU_ESTIMATES_S = {
-    "start": 15,                 # a worker process: imports, backend, the first trainer
-    "vit_compile_round": 75,     # ViT-B/16 train steps compiled concurrently (one round, up to 8 programs)
-    "vit_init": 15,              # a ViT-B/16 train state initialised (its programs compiled)
-    "vit_timing": 8,             # warm-up and timed steps of one configuration
-    "openclip_eager": 20,        # open_clip eager: model, optimiser, warm-up and timed steps at one batch
-    "openclip_compile": 120,     # torch.compile of the open_clip step at one batch, then its timing
-    "ncu_torch": 25,             # the public loop at one N (largest N; smaller ones take a fraction)
-    "ncu_jax": 15,               # ncjax's loss at one N, compile included
-}
-# The CPU smoke run's sizes take seconds; it only needs the estimates to be small.
-SMOKE_ESTIMATE_S = 1.0
+SMOKE_SIZES = Sizes(model="micro", batches=(8, 16), methods_batch=16, ncu_sizes=(64, 128), ncu_check=64,
+                    matmul=256, steps=2, rounds=2, warmup=1, methods=("CLIP", "NCU (stage 2)", "HAC-reg"))
 
 
 class Recorder:
   """Appends rows for one worker to `out/rows.jsonl` and knows its deadline (seconds since the epoch)."""
 
   def __init__(self, out: str, worker: str, deadline: float, smoke: bool):
-    self.path = os.path.join(out, ROWS_FILE)
+    self.out, self.path = out, os.path.join(out, ROWS_FILE)
     self.worker, self.deadline, self.smoke = worker, deadline, smoke
     self.start = time.time()
     os.makedirs(out, exist_ok=True)
@@ -87,7 +68,8 @@ class Recorder:
     return row
 
   def estimate(self, name: str, times: float = 1.0) -> float:
-    return SMOKE_ESTIMATE_S if self.smoke else GPU_ESTIMATES_S[name] * times
+    """Seconds the plan gives `times` phases of the kind `name` (plan.GPU_SECONDS; the smoke run's figures)."""
+    return plan_lib.phase_seconds([(name, times)], plan_lib.SMOKE_SECONDS if self.smoke else plan_lib.GPU_SECONDS)
 
   def left(self) -> float:
     return self.deadline - time.time()
@@ -113,10 +95,8 @@ def _finite_or_none(x):
 
 
 def _plain(x):
-  """JSON for numpy scalars and arrays in extras."""
-  if isinstance(x, np.generic):
-    return x.item()
-  if isinstance(x, np.ndarray):
+  """JSON for numpy scalars and arrays in extras (numpy is imported by then: only its values come here)."""
+  if hasattr(x, "tolist"):
     return x.tolist()
   return str(x)
 
@@ -128,10 +108,11 @@ NCU_FORGET_RATIO = 0.1                 # P of the public script: the floor(P N) 
 NCU_DIM = 512
 
 
-def ncu_inputs(n: int, dim: int = NCU_DIM, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def ncu_inputs(n: int, dim: int = NCU_DIM, seed: int = 0):
   """Unit-norm image, text and negative-text embeddings (float32, n x dim), the same on both sides of the
   comparison. The texts lean towards their images (0.6 / 0.4) so that pairs have a real diagonal: the forget set
   is then a choice and the plan non-trivial, as in benchmarks/ncu.py."""
+  import numpy as np   # here, not at the top: the plan and the orchestrator import this module without numpy
   rng = np.random.default_rng(seed)
   v, t, tn = rng.standard_normal((3, n, dim), dtype=np.float32)
   unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
@@ -140,10 +121,14 @@ def ncu_inputs(n: int, dim: int = NCU_DIM, seed: int = 0) -> tuple[np.ndarray, n
   return v, t, unit(tn)
 
 
-def crosscheck_inputs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def crosscheck_inputs():
   """methods.md §1.7's N = 8, D = 4 inputs (float64): the unit check of the public loop's restatement against the
   notes' values (ncjax.testing holds them for the tests too)."""
+  from ncjax.testing import ncu_crosscheck_inputs
   return ncu_crosscheck_inputs("float64")
 
 
-CROSSCHECK = NCU_CROSSCHECK   # methods.md §1.7's expected values
+def crosscheck_values() -> dict:
+  """methods.md §1.7's expected values."""
+  from ncjax.testing import NCU_CROSSCHECK
+  return NCU_CROSSCHECK

@@ -2,10 +2,11 @@
 and the public NCU loop restated in PyTorch (section c), on the same card as ncjax's numbers.
 
 Section b trains open_clip the way its own training script does on one GPU: AMP autocast to bfloat16 with float32
-weights, PyTorch's scaled-dot-product attention (open_clip's blocks call `nn.MultiheadAttention` without attention
-weights, which dispatches to SDPA), AdamW and open_clip's `ClipLoss`, eager and under `torch.compile`. The
-optimiser settings and the gradient clipping (norm 1.0) are ncjax's CLIP config's, so both sides do the same work
-per step. Random initialisation and random inputs: nothing is downloaded.
+weights, TF32 float32 matmuls and autotuned cuDNN kernels (`open_clip_train/main.py`'s settings), PyTorch's
+scaled-dot-product attention (open_clip's blocks call `nn.MultiheadAttention` without attention weights, which
+dispatches to SDPA), AdamW and open_clip's `ClipLoss`, eager and under `torch.compile`, and with PyTorch's fused
+AdamW. The optimiser settings and the gradient clipping (norm 1.0) are ncjax's CLIP config's, so both sides do the
+same work per step. Random initialisation and random inputs: nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -83,75 +84,112 @@ def _inputs(batch: int, cfg: dict, device, seed: int = 0):
   return images, torch.as_tensor(tokens, device=device)
 
 
-def openclip_section(rec: record.Recorder, batches, smoke: bool) -> None:
-  missing = torch_missing()
-  if missing:
-    rec.row("b", "open_clip ViT-B-16 train step", status=missing)
-    return
-  import torch
-  device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-  open_clip, model, cfg = _open_clip_model(smoke)
-  model = model.to(device).train()
-  loss_fn = open_clip.ClipLoss()
-  opt = torch.optim.AdamW(model.parameters(), **ADAMW)
-  name = "micro open_clip" if smoke else "open_clip ViT-B-16"
-  version = getattr(open_clip, "__version__", "?")
-  rec.write(dict(kind="machine", torch=torch.__version__, open_clip=version, torch_device=str(device),
-                 torch_card=torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"))
+class OpenClipWorker:
+  """Section b. Prepared: open_clip's model and optimiser on the card, and its step under torch.compile at the
+  largest batch (its first call, which compiles, timed and reported). Turn: eager at every batch, eager with fused
+  AdamW at the largest, the compiled step at the largest; then section c's public loop.
 
-  def forward_loss(images, tokens):
-    with torch.autocast(device.type, dtype=torch.bfloat16):
-      image_features, text_features, scale = model(images, tokens)
-      return loss_fn(image_features, text_features, scale)
+  The settings are open_clip's trainer's (`open_clip_train/main.py` sets `torch.backends.cuda.matmul.allow_tf32`
+  and `torch.backends.cudnn.benchmark`): float32 matmuls outside autocast in TF32, cuDNN's kernels autotuned."""
 
-  # torch.compile's Inductor takes minutes on this CPU; the smoke run compiles with the 'eager' backend, which still
-  # traces the step through TorchDynamo (what breaks first when open_clip or torch change).
-  backend = "eager" if smoke else "inductor"
-  kinds = [("eager", forward_loss, "openclip_eager"),
-           (f"torch.compile ({backend})", None, "openclip_compile")]
-  steps, rounds, warmup = (2, 2, 1) if smoke else (5, 3, 3)
-  # Eager at every batch first: torch.compile's minutes are the first thing the time budget drops.
-  for kind, fn, estimate in kinds:
-    for batch in batches:
-      config = f"{name}, torch {torch.__version__}, bf16 autocast, SDPA, batch {batch}/GPU, {kind}"
-      if not rec.fits(estimate):
-        rec.row("b", config, status=record.NOT_RUN_TIME, batch=batch, mode=kind)
+  def __init__(self, rec: record.Recorder, batches, smoke: bool):
+    self.rec, self.batches, self.smoke = rec, sorted(batches), smoke
+    self.missing = torch_missing()
+    if self.missing:
+      return
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+    self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    open_clip, model, self.cfg = _open_clip_model(smoke)
+    self.model = model.to(self.device).train()
+    self.loss_fn = open_clip.ClipLoss()
+    self.name = "micro open_clip" if smoke else "open_clip ViT-B-16"
+    rec.write(dict(kind="machine", torch=torch.__version__, open_clip=getattr(open_clip, "__version__", "?"),
+                   torch_device=str(self.device),
+                   torch_card=torch.cuda.get_device_name(0) if self.device.type == "cuda" else "cpu"))
+    self.optimizers = {"AdamW": torch.optim.AdamW(self.model.parameters(), **ADAMW)}
+    # torch.compile's Inductor takes minutes on this CPU; the smoke run compiles with the 'eager' backend, which
+    # still traces the step through TorchDynamo (what breaks first when open_clip or torch change).
+    self.backend = "eager" if smoke else "inductor"
+    torch._dynamo.reset()
+    self.compiled = torch.compile(self._forward_loss, backend=self.backend, dynamic=False)
+    self.first_call_s = self.compile_error = None
+    batch = self.batches[-1]
+    images, tokens = _inputs(batch, self.cfg, self.device)
+    try:
+      start = time.perf_counter()
+      self._step(self.compiled, self.optimizers["AdamW"], images, tokens)   # compiles for this batch's shapes
+      _sync(self.device)
+      self.first_call_s = time.perf_counter() - start
+    except Exception as e:
+      self.compile_error = _failure(e)
+    finally:
+      images = tokens = None
+      if self.device.type == "cuda":
+        torch.cuda.empty_cache()   # give back what the compile's first step took while other workers prepare
+
+  def _forward_loss(self, images, tokens):
+    import torch
+    with torch.autocast(self.device.type, dtype=torch.bfloat16):
+      image_features, text_features, scale = self.model(images, tokens)
+      return self.loss_fn(image_features, text_features, scale)
+
+  def _step(self, fn, opt, images, tokens):
+    import torch
+    opt.zero_grad(set_to_none=True)
+    loss = fn(images, tokens)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP_NORM)
+    opt.step()
+    return loss
+
+  def turn(self) -> None:
+    rec = self.rec
+    if self.missing:
+      rec.row("b", "open_clip ViT-B-16 train step", status=self.missing)
+      return
+    import torch
+    largest = self.batches[-1]
+    runs = [(b, "eager", "AdamW") for b in self.batches] + [(largest, "eager, fused AdamW", "AdamW (fused)")]
+    runs.append((largest, f"torch.compile ({self.backend})", "AdamW"))
+    for batch, mode, opt_name in runs:
+      config = f"{self.name}, torch {torch.__version__}, bf16 autocast, SDPA, TF32, batch {batch}/GPU, {mode}"
+      if mode.startswith("torch.compile") and self.compile_error:
+        rec.row("b", config, status=self.compile_error, batch=batch, mode=mode)
         continue
-      images, tokens = _inputs(batch, cfg, device)
-      if kind != "eager":   # compiled for this batch's shapes
-        torch._dynamo.reset()
-        fn = torch.compile(forward_loss, backend=backend, dynamic=False)
-
-      def step(fn=fn, images=images, tokens=tokens):
-        opt.zero_grad(set_to_none=True)
-        loss = fn(images, tokens)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
-        opt.step()
-        return loss
-
+      if not rec.fits("eager"):
+        rec.row("b", config, status=record.NOT_RUN_TIME, batch=batch, mode=mode)
+        continue
+      if opt_name not in self.optimizers:   # the fused kernel: CUDA only (the smoke run's CPU has it in torch >= 2.4)
+        self.optimizers[opt_name] = torch.optim.AdamW(self.model.parameters(), **ADAMW, fused=True)
+      fn = self.compiled if mode.startswith("torch.compile") else self._forward_loss
+      opt = self.optimizers[opt_name]
+      images, tokens = _inputs(batch, self.cfg, self.device)
+      steps, rounds, warmup = (2, 2, 1) if self.smoke else (5, 3, 3)
       try:
-        if device.type == "cuda":
+        if self.device.type == "cuda":
           torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        step()                       # the first call compiles under torch.compile
-        _sync(device)
-        first_s = time.perf_counter() - start
-        seconds = _median_step_seconds(step, device, warmup=warmup, steps=steps, rounds=rounds)
-        loss = float(step().item())
+        seconds = _median_step_seconds(lambda: self._step(fn, opt, images, tokens), self.device, warmup=warmup,
+                                       steps=steps, rounds=rounds)
+        loss = float(self._step(fn, opt, images, tokens).item())
       except Exception as e:   # one configuration failing (out of memory, a compiler error) leaves the others
-        rec.row("b", config, status=_failure(e), batch=batch, mode=kind)
+        rec.row("b", config, status=_failure(e), batch=batch, mode=mode)
         continue
       finally:
-        del images, tokens
-        if device.type == "cuda":
+        images = tokens = None
+        if self.device.type == "cuda":
           torch.cuda.empty_cache()
-      peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
-      note = f"step {seconds * 1e3:.1f} ms" + (f", first call {first_s:.0f} s" if kind != "eager" else "")
+      peak = torch.cuda.max_memory_allocated() if self.device.type == "cuda" else None
+      note = f"step {seconds * 1e3:.1f} ms"
+      if mode.startswith("torch.compile"):
+        note += f", first call (the compile) {self.first_call_s:.0f} s"
       if peak:
         note += f", peak {peak / 2**30:.1f} GiB"
-      rec.row("b", config, batch / seconds, "pairs/s", note=note, batch=batch, mode=kind, step_s=seconds,
-              first_call_s=first_s, peak_bytes=peak, loss=loss, finite=math.isfinite(loss))
+      rec.row("b", config, batch / seconds, "pairs/s", note=note, batch=batch, mode=mode, step_s=seconds,
+              first_call_s=self.first_call_s if mode.startswith("torch.compile") else None, peak_bytes=peak,
+              loss=loss, finite=math.isfinite(loss))
 
 
 def _failure(e: Exception) -> str:
@@ -169,19 +207,20 @@ def ncu_section(rec: record.Recorder, sizes, check_n: int) -> None:
   import torch
   from benchmarks.accelerator import ncu_public
   torch.backends.cuda.matmul.allow_tf32 = False   # float32 products, as the public code and the value check want
-  check = ncu_public.crosscheck(record.CROSSCHECK, record.crosscheck_inputs())
+  expected = record.crosscheck_values()
+  check = ncu_public.crosscheck(expected, record.crosscheck_inputs())
   wrong = ([f"loss terms off by {check['max_abs_diff']:.2e}"] if check["max_abs_diff"] >= 1e-5 else []) + \
       ([f"forget set {check['forget']}"] if not check["same_forget"] else []) + \
       ([f"iterations {check['iterations']}"] if not check["same_iterations"] else [])
   rec.row("c", "public loop restated in PyTorch vs methods.md §1.7 (N = 8, float64)", check["max_abs_diff"],
           "max |diff|", status="failed: " + ", ".join(wrong) if wrong else "ok",
-          note=f"forget {check['forget']}, iterations {check['iterations']} (notes: {record.CROSSCHECK['forget']}, "
-               f"{record.CROSSCHECK['iterations']})", **{"check": "crosscheck", **check})
+          note=f"forget {check['forget']}, iterations {check['iterations']} (notes: {expected['forget']}, "
+               f"{expected['iterations']})", **{"check": "crosscheck", **check})
   device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
   largest = max(sizes)
   for n in sizes:
     config = f"public NCU loop (PyTorch {torch.__version__}), loss + gradient, N = {n}, D = {record.NCU_DIM}"
-    if not rec.fits("ncu_torch", (n / largest) ** 2 * 3):
+    if not rec.fits("ncu_torch", (n / largest) ** 2):
       rec.row("c", config, status=record.NOT_RUN_TIME, n=n, side="torch")
       continue
     leaves = [torch.tensor(x, device=device, requires_grad=True) for x in record.ncu_inputs(n)]
@@ -202,6 +241,6 @@ def ncu_section(rec: record.Recorder, sizes, check_n: int) -> None:
       continue
     rec.row("c", config, seconds, "s", note=f"Sinkhorn iterations {out['iterations']}", n=n, side="torch",
             loss=out["loss"], iterations=out["iterations"], value_check=n == check_n)
-    del leaves
+    leaves = None
     if device.type == "cuda":
       torch.cuda.empty_cache()

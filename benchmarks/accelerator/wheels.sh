@@ -4,10 +4,11 @@
 # --no-deps --target`). Run it on a machine that reaches PyPI; .whl/ is ignored by git and travels with the device
 # call that names it (carry=[".whl"]).
 #
-# What the image has (GPU host, 2026-11): Python 3.12.3, jax 0.11.2 + the CUDA 13 plugin, flax, optax,
-# orbax-checkpoint, chex, etils, tensorstore, numpy, torch 2.11 (+cu130), timm, transformers, safetensors,
-# sentencepiece, tokenizers, pyarrow, fsspec, pillow, scikit-learn, matplotlib, rich, absl-py, pytest, pytest-xdist,
-# hypothesis, and what those depend on. What ncjax imports on the check's paths beyond that is listed below with the
+# What the image has (GPU host, the device tool's package list of 2026-11-17): Python 3.12.3, jax 0.11.2 + the CUDA
+# 13 plugin, flax, optax, orbax-checkpoint, chex, etils, tensorstore, numpy, torch 2.11 (+cu130), timm, transformers,
+# safetensors, sentencepiece, tokenizers, pyarrow, fsspec, pillow, scikit-learn, matplotlib, rich, absl-py, pytest,
+# pytest-xdist, hypothesis, attrs, cloudpickle, wrapt, six, equinox, lineax, jaxtyping, wadler-lindig, and what those
+# depend on. A wheel of a package the image has would shadow the image's copy on PYTHONPATH: none is carried. What ncjax imports on the check's paths beyond that is listed below with the
 # module that pulls it in: the packages ncjax requires, and the pure-Python dependencies of theirs that the image's
 # own packages do not bring (found by importing the check's paths in a Python 3.12 environment holding only the
 # image's packages plus these wheels). The versions are the ones proven under jax 0.11.2 in /work/venv312.
@@ -31,15 +32,9 @@ WHEELS=(
   tensorboardX==2.6.5          # ncjax.logging_utils (log.tensorboard=True)
   ftfy==6.3.1                  # CLIP's BPE cleaning of non-ASCII captions
   open-clip-torch==3.3.0       # the torch baseline of benchmarks/accelerator/bench.py section b
-  # what ott-jax imports: its linear solvers' implicit differentiation
+  # what ott-jax imports that the image lacks (it has lineax, equinox, jaxtyping and wadler-lindig)
   jaxopt==0.8.5
-  lineax==0.1.1
-  equinox==0.13.8
-  jaxtyping==0.3.11
-  wadler-lindig==0.1.8
-  # what `import grain` imports
-  attrs==26.1.0
-  cloudpickle==3.1.3
+  # what `import grain` imports that the image lacks (it has attrs and cloudpickle)
   portpicker==1.6.0
   # what `import tensorflow_datasets` imports (its read path included: tensorflow_datasets.core.download imports
   # promise at module level)
@@ -50,8 +45,6 @@ WHEELS=(
   tensorflow-metadata==1.21.0
   termcolor==3.3.0
   toml==0.10.2
-  wrapt==2.5.2
-  six==1.17.0                  # promise's
   # ftfy's
   wcwidth==0.9.4
 )
