@@ -207,6 +207,9 @@ def base_config() -> ml_collections.ConfigDict:
       # backward pass (GradCache): the exact full-batch gradient of every global-batch loss with the activation
       # memory of one micro-batch per device (ncjax/models/microbatch.py). Must divide the per-device batch.
       micro_batches=1,
+      # The dtype the towers' weight gradients are summed across devices in: 'bf16' (their products' dtype in a
+      # bf16 model: half the bytes) or 'float32' (formed and summed in float32; ncjax.models.layers.project).
+      grad_reduce="bf16",
   ))
 
   c.evals = ml_collections.ConfigDict()  # evaluator name -> ConfigDict(type=..., every_steps=..., ...)

@@ -139,7 +139,8 @@ def resolve(config) -> Resolved:
     raise ValueError(f"method {cls.name!r} trains on batches of N retain and N forget pairs: set "
                      f"concept.train_on='forget_retain' and the concept (concept.classes / subreddits / keywords); "
                      f"got concept.train_on={config.concept.train_on!r}")
-  model = models.ModelSpec.from_config(config.model)
+  model = dataclasses.replace(models.ModelSpec.from_config(config.model),
+                              grad_reduce=str(config.optim.get("grad_reduce", "bf16")))
   inp = input_spec(config.input)
   return Resolved(config, model, cls, cls.Options.from_config(config), InitSource.parse(config.method.init_from),
                   inp, noise_spec(config.noise), concept_spec(config.concept),

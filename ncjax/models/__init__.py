@@ -114,7 +114,8 @@ class ModelSpec:
   proj_bias: bool = False      # a bias on both towers' projections (big_vision's heads)
   dtype: str = "float32"
   remat: bool = False
-  attention: str = "auto"      # 'auto' | 'einsum' | 'xla' | 'cudnn' (ncjax.models.layers.MultiHeadAttention)
+  attention: str = "auto"      # 'auto' | 'einsum' | 'recompute' | 'xla' | 'cudnn' (layers.MultiHeadAttention)
+  grad_reduce: str = "bf16"    # optim.grad_reduce: the dtype the blocks' weight gradients are summed in
   geometry: str = "sphere"
   curv_init: float = 1.0
   logit_scale_init: float = math.log(1 / 0.07)
@@ -175,12 +176,14 @@ def build_two_tower(spec: ModelSpec, *, vocab_size: int | None, eot_id: int, pad
       **towers["image"], embed_dim=embed_dim, pool=spec.pool, ln_pre=spec.ln_pre, act=spec.act, dtype=dtype,
       remat=spec.remat, patch_bias=spec.patch_bias, ln_eps=spec.ln_eps, rngs=rngs,
       **_non_default(spec, image_posemb="posemb", image_proj_bias="proj_bias"),
-      **({} if attention["image"] == "einsum" else {"attention": attention["image"]}))
+      **({} if attention["image"] == "einsum" else {"attention": attention["image"]}),
+      **({} if spec.grad_reduce == "bf16" else {"grad_reduce": spec.grad_reduce}))
   text = TEXT_TOWERS[spec.text_type](
       **towers["text"], embed_dim=embed_dim, eot_id=eot_id, pad_id=pad_id, pool=spec.text_pool, act=spec.act,
       dtype=dtype, remat=spec.remat, ln_eps=spec.ln_eps, rngs=rngs,
       **_non_default(spec, text_causal="causal", text_proj_bias="proj_bias"),
-      **({} if attention["text"] == "einsum" else {"attention": attention["text"]}))
+      **({} if attention["text"] == "einsum" else {"attention": attention["text"]}),
+      **({} if spec.grad_reduce == "bf16" else {"grad_reduce": spec.grad_reduce}))
   geo_kwargs = dict(embed_dim=embed_dim)
   if spec.geometry == "lorentz":
     geo_kwargs["curv_init"] = spec.curv_init

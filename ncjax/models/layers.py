@@ -44,6 +44,46 @@ def dense(in_features: int, out_features: int, *, dtype, rngs: nnx.Rngs, use_bia
                     param_dtype=jnp.float32, kernel_init=init, rngs=rngs)
 
 
+GRAD_REDUCE = ("bf16", "float32")   # `optim.grad_reduce`: the dtype the towers' weight gradients are summed in
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def project_f32_grad(spec: str, dtype, x, kernel):
+  """jnp.einsum(spec, x, kernel.astype(dtype)) for a float32 `kernel`, whose gradient is computed and returned in
+  float32: the weight-gradient product accumulates and outputs float32 (`preferred_element_type`), so a
+  data-parallel step sums the gradient across devices in float32 (`optim.grad_reduce='float32'`). Autodiff of the
+  plain einsum computes that product in the compute dtype, and XLA sums it there before widening it to the
+  parameter's float32 (half the bytes on the wire, rounded at every ring step). The forward is the same product."""
+  return jnp.einsum(spec, x, kernel.astype(dtype))
+
+
+def _project_forward(spec, dtype, x, kernel):
+  return jnp.einsum(spec, x, kernel.astype(dtype)), (x, kernel.astype(dtype))
+
+
+def _project_backward(spec, dtype, saved, dy):
+  x, kernel = saved
+  inputs, out = spec.split("->")
+  x_axes, kernel_axes = inputs.split(",")
+  dx = jnp.einsum(f"{out},{kernel_axes}->{x_axes}", dy, kernel)
+  dkernel = jnp.einsum(f"{x_axes},{out}->{kernel_axes}", x, dy, preferred_element_type=jnp.float32)
+  return dx.astype(x.dtype), dkernel
+
+
+project_f32_grad.defvjp(_project_forward, _project_backward)
+
+
+def project(spec: str, x, kernel, bias, *, dtype, grad_reduce: str = "bf16"):
+  """x (.) kernel + bias in the compute dtype, kernel and bias float32 parameters (`bias` broadcast over the
+  output's leading axes; None for none). grad_reduce='float32': their gradients are formed in float32
+  (`project_f32_grad`; the bias added in float32, so its gradient's sum over the batch is a float32 one)."""
+  if grad_reduce == "bf16":
+    y = jnp.einsum(spec, x, kernel.astype(dtype))
+    return y if bias is None else y + bias.astype(dtype)
+  y = project_f32_grad(spec, dtype, x, kernel)
+  return y if bias is None else (y.astype(jnp.float32) + bias).astype(dtype)
+
+
 ATTENTION_KINDS = ("auto", "einsum", "recompute", "xla", "cudnn")
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 CUDNN_MAX_HEAD_DIM = 128   # cuDNN's fused attention: head sizes that are multiples of 8, up to 128
@@ -163,11 +203,13 @@ class MultiHeadAttention(nnx.Module):
   TPU, else einsum. The parameters and the arithmetic are the same for every kind: logits and softmax
   in float32, masked logits at jax's large negative value (a fully masked row attends uniformly, never NaN)."""
 
-  def __init__(self, width: int, heads: int, *, dtype, rngs: nnx.Rngs, attention: str = "einsum"):
+  def __init__(self, width: int, heads: int, *, dtype, rngs: nnx.Rngs, attention: str = "einsum",
+               grad_reduce: str = "bf16"):
     if width % heads:
       raise ValueError(f"attention width {width} is not divisible by the number of heads {heads}")
     self.heads = heads
     self.dtype = dtype
+    self.grad_reduce = grad_reduce
     self.attention = resolve_attention(attention, dtype=dtype, head_dim=width // heads)
     self.qkv = dense(width, 3 * width, dtype=dtype, rngs=rngs, std=width ** -0.5)
     self.out = dense(width, width, dtype=dtype, rngs=rngs, std=width ** -0.5)
@@ -177,28 +219,33 @@ class MultiHeadAttention(nnx.Module):
     h = self.heads
     d = w // h
     x = x.astype(self.dtype)
+    if self.attention in ("einsum", "recompute"):
+      return self._einsum(x, causal, key_mask)
     kernel = self.qkv.kernel[...].reshape(w, 3, h, d).astype(self.dtype)
     bias = self.qkv.bias[...].reshape(3, h, d).astype(self.dtype)
     out_kernel = self.out.kernel[...].reshape(h, d, w).astype(self.dtype)
     out_bias = self.out.bias[...].astype(self.dtype)
-    if self.attention in ("einsum", "recompute"):
-      return self._einsum(x, kernel, bias, out_kernel, causal, key_mask) + out_bias
     # Token-major (batch, tokens, heads, head_dim), the layout jax.nn.dot_product_attention and cuDNN take.
     q, k, v = (jnp.einsum("bnw,whd->bnhd", x, kernel[:, i]) + bias[i] for i in range(3))
     mask = None if key_mask is None else attention_mask(n, causal=False, key_mask=key_mask)
     y = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation=self.attention)
     return jnp.einsum("bnhd,hdw->bnw", y, out_kernel) + out_bias
 
-  def _einsum(self, x, kernel, bias, out_kernel, causal, key_mask):
+  def _einsum(self, x, causal, key_mask):
     """Scaled dot-product attention, computed heads-major: the fused kernel viewed as (width, 3, heads, head_dim)
     projects each of q, k, v straight into (batch, heads, tokens, head_dim), the two attention matmuls then batch
     over leading (batch, heads) axes, and the output projection contracts (heads, head_dim) directly. The
     token-major form (project to (batch, tokens, 3 * width), split, attend) made XLA transpose q, k, v and their
     gradients around every attention matmul: 16% of the `small` CLIP step on CPU went to those copies. Same
     arithmetic as `jax.nn.dot_product_attention`."""
-    n, d = x.shape[1], kernel.shape[-1]
+    n, w = x.shape[1:]
+    h = self.heads
+    d = w // h
+    kernel = self.qkv.kernel[...].reshape(w, 3, h, d)
+    bias = self.qkv.bias[...].reshape(3, h, d)
+    proj = functools.partial(project, dtype=self.dtype, grad_reduce=self.grad_reduce)
     with jax.named_scope("attention_projections"):
-      q, k, v = (jnp.einsum("bnw,whd->bhnd", x, kernel[:, i]) + bias[i][None, :, None, :] for i in range(3))
+      q, k, v = (proj("bnw,whd->bhnd", x, kernel[:, i], bias[i][:, None, :]) for i in range(3))
     mask = attention_mask(n, causal=causal, key_mask=key_mask)
     with jax.named_scope("attention_core"):
       if self.attention == "recompute":
@@ -207,30 +254,38 @@ class MultiHeadAttention(nnx.Module):
         probs = jax.nn.softmax(_scaled_logits(q, k, mask, d ** -0.5), axis=-1).astype(self.dtype)
         y = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
     with jax.named_scope("attention_projections"):
-      return jnp.einsum("bhnd,hdw->bnw", y, out_kernel)
+      return proj("bhnd,hdw->bnw", y, self.out.kernel[...].reshape(h, d, w), self.out.bias[...])
 
 
 class MlpBlock(nnx.Module):
 
-  def __init__(self, width: int, mlp_dim: int, *, act: str, dtype, rngs: nnx.Rngs):
+  def __init__(self, width: int, mlp_dim: int, *, act: str, dtype, rngs: nnx.Rngs, grad_reduce: str = "bf16"):
     self.act = ACTIVATIONS[act]
+    self.dtype, self.grad_reduce = dtype, grad_reduce
     self.fc = dense(width, mlp_dim, dtype=dtype, rngs=rngs, std=(2 * width) ** -0.5)
     self.proj = dense(mlp_dim, width, dtype=dtype, rngs=rngs, std=width ** -0.5)
 
   def __call__(self, x):
-    return self.proj(self.act(self.fc(x)))
+    if self.grad_reduce == "bf16":
+      return self.proj(self.act(self.fc(x)))
+    proj = functools.partial(project, dtype=self.dtype, grad_reduce=self.grad_reduce)
+    h = proj("...w,wm->...m", x.astype(self.dtype), self.fc.kernel[...], self.fc.bias[...])
+    return proj("...m,mw->...w", self.act(h), self.proj.kernel[...], self.proj.bias[...])
 
 
 class ResidualBlock(nnx.Module):
   """Pre-norm transformer block: x + attn(ln_1(x)); x + mlp(ln_2(x))."""
 
   def __init__(self, width: int, heads: int, mlp_dim: int, *, act: str, dtype, rngs: nnx.Rngs,
-               ln_eps: float = LAYER_NORM_EPS, attention: str = "einsum"):
+               ln_eps: float = LAYER_NORM_EPS, attention: str = "einsum", grad_reduce: str = "bf16"):
+    if grad_reduce not in GRAD_REDUCE:
+      raise errors.ConfigurationError(f"unknown optim.grad_reduce {grad_reduce!r}; expected one of {GRAD_REDUCE}")
     self.dtype = dtype
     self.ln_1 = layer_norm(width, rngs, ln_eps)
-    self.attn = MultiHeadAttention(width, heads, dtype=dtype, rngs=rngs, attention=attention)
+    self.attn = MultiHeadAttention(width, heads, dtype=dtype, rngs=rngs, attention=attention,
+                                   grad_reduce=grad_reduce)
     self.ln_2 = layer_norm(width, rngs, ln_eps)
-    self.mlp = MlpBlock(width, mlp_dim, act=act, dtype=dtype, rngs=rngs)
+    self.mlp = MlpBlock(width, mlp_dim, act=act, dtype=dtype, rngs=rngs, grad_reduce=grad_reduce)
 
   def __call__(self, x, *, causal: bool = False, key_mask=None):
     # The named scopes label the compiled program's instructions by part (benchmarks/pod_compile.py's breakdown).
@@ -272,13 +327,13 @@ class Transformer(nnx.Module):
 
   def __init__(self, width: int, depth: int, heads: int, *, mlp_dim: int | None = None, act: str = "quick_gelu",
                dtype=jnp.float32, remat: bool = False, ln_eps: float = LAYER_NORM_EPS, attention: str = "einsum",
-               rngs: nnx.Rngs):
+               grad_reduce: str = "bf16", rngs: nnx.Rngs):
     self.depth = depth
     self.remat = remat
     mlp_dim = 4 * width if mlp_dim is None else mlp_dim
     for i in range(depth):
       setattr(self, f"block_{i}", ResidualBlock(width, heads, mlp_dim, act=act, dtype=dtype, rngs=rngs,
-                                                ln_eps=ln_eps, attention=attention))
+                                                ln_eps=ln_eps, attention=attention, grad_reduce=grad_reduce))
 
   def __call__(self, x, *, causal: bool = False, key_mask=None):
     # Rematerialisation trades one extra forward per block for activation memory (large contrastive batches).

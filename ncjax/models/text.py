@@ -49,7 +49,7 @@ class TextTransformer(nnx.Module):
                embed_dim: int, eot_id: int, pad_id: int = 0, pool: str = "eot", mlp_dim: int | None = None,
                act: str = "quick_gelu", dtype=jnp.float32, remat: bool = False,
                ln_eps: float = layers.LAYER_NORM_EPS, causal: bool = True, proj_bias: bool = False,
-               attention: str = "einsum", rngs: nnx.Rngs):
+               attention: str = "einsum", grad_reduce: str = "bf16", rngs: nnx.Rngs):
     if pool not in TEXT_POOLS:
       raise ValueError(f"unknown text pooling {pool!r}; expected one of {TEXT_POOLS}")
     self.causal = causal
@@ -60,7 +60,8 @@ class TextTransformer(nnx.Module):
     self.pos_embedding = nnx.Param(nnx.initializers.normal(0.01)(rngs.params(), (context_length, width),
                                                                  jnp.float32))
     self.transformer = layers.Transformer(width, depth, heads, mlp_dim=mlp_dim, act=act, dtype=dtype,
-                                          remat=remat, ln_eps=ln_eps, attention=attention, rngs=rngs)
+                                          remat=remat, ln_eps=ln_eps, attention=attention,
+                                          grad_reduce=grad_reduce, rngs=rngs)
     self.ln_final = layers.layer_norm(width, rngs, ln_eps)
     if pool == "map":
       self.map_head = layers.MAPHead(width, heads, act=act, dtype=dtype, rngs=rngs, mlp_dim=mlp_dim, ln_eps=ln_eps)

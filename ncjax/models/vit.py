@@ -56,7 +56,7 @@ class VisionTransformer(nnx.Module):
                channels: int = 3, pool: str = "tok", ln_pre: bool = True, mlp_dim: int | None = None,
                act: str = "quick_gelu", dtype=jnp.float32, remat: bool = False, patch_bias: bool = False,
                ln_eps: float = layers.LAYER_NORM_EPS, posemb: str = "learn", proj_bias: bool = False,
-               attention: str = "einsum", rngs: nnx.Rngs):
+               attention: str = "einsum", grad_reduce: str = "bf16", rngs: nnx.Rngs):
     if image_size % patch_size:
       raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
     if pool not in ("tok", "map", "gap"):
@@ -81,7 +81,8 @@ class VisionTransformer(nnx.Module):
                                                                          jnp.float32))
     self.ln_pre = layers.layer_norm(width, rngs, ln_eps) if ln_pre else None
     self.transformer = layers.Transformer(width, depth, heads, mlp_dim=mlp_dim, act=act, dtype=dtype,
-                                          remat=remat, ln_eps=ln_eps, attention=attention, rngs=rngs)
+                                          remat=remat, ln_eps=ln_eps, attention=attention,
+                                          grad_reduce=grad_reduce, rngs=rngs)
     self.ln_post = layers.layer_norm(width, rngs, ln_eps)
     if pool == "map":
       self.map_head = layers.MAPHead(width, heads, act=act, dtype=dtype, rngs=rngs, mlp_dim=mlp_dim, ln_eps=ln_eps)
