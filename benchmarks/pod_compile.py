@@ -29,6 +29,7 @@ over a mesh of the slice's chips, from `jax.ShapeDtypeStruct` inputs carrying th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -37,6 +38,8 @@ import re
 import sys
 import time
 import types
+
+from benchmarks import hlo_traffic
 
 GIB = 1024 ** 3
 
@@ -85,6 +88,21 @@ GLOBAL_BATCH = 32768
 STEPS_PER_EPOCH = 100      # the dataset: 100 global batches (GSC's per-sample labels are sized by it)
 
 
+# Google Cloud's accelerator type of each slice (its names count TensorCores: a v5p chip has two, a v5e chip one).
+ACCELERATOR_TYPES = {"v5e256": "v5litepod-256", "v5p128": "v5p-256", "v5e4": "v5litepod-4"}
+
+
+def quiet_libtpu(slice_name: str) -> None:
+  """The environment a compile-only libtpu wants on a machine that is no TPU VM, as ahead-of-time compiles set it
+  (MaxText's train_compile, axlearn's aot_compilation): no metadata-server queries, the accelerator type and a
+  single local worker named. Without them libtpu warns that it could not determine either and takes its own
+  warning text for a worker's host name. Set before libtpu loads; a value the user set is kept."""
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", ACCELERATOR_TYPES.get(slice_name, "v5litepod-256"))
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_WORKER_ID", "0")
+
+
 def topology_devices(slice_name: str):
   """The devices of a TPU slice described without TPUs (libtpu's topology), or the 8 simulated CPU devices."""
   import jax
@@ -97,23 +115,36 @@ def topology_devices(slice_name: str):
   if not has_libtpu():
     raise SystemExit(f"compiling for {name} needs libtpu: pip install 'ncjax[tpu]' (~680 MB), or run --quick "
                      f"without it (8 simulated CPU devices)")
+  quiet_libtpu(slice_name)
   from jax.experimental import topologies
   return topologies.get_topology_desc(platform="tpu", topology_name=name).devices
 
 
-def _config(model: str, global_batch: int, *, remat: bool, fsdp: int):
+def tpu_attention(model: str) -> str:
+  """What `model.attention='auto'` resolves to on a TPU for the model's heads in bf16 (the compile runs on a CPU
+  host, where 'auto' would pick the CPU's kind)."""
+  from ncjax.models import get_size
+  from ncjax.models.layers import resolve_attention
+  towers = get_size(MODELS[model][1])
+  head_dim = min(towers[t]["width"] // towers[t]["heads"] for t in ("image", "text"))
+  return resolve_attention("auto", dtype="bfloat16", head_dim=head_dim, platform="tpu")
+
+
+def _config(model: str, global_batch: int, *, remat: bool, fsdp: int, attention: str = "", grad_reduce: str = ""):
   from ncjax.config_lib import load_config_file
   config_name, size, arg, _, _ = MODELS[model]
   cfg = load_config_file(config_name, f"model={size},data=synthetic,batch={global_batch},epochs=1,{arg}")
   with cfg.unlocked():
     cfg.model.dtype = "bfloat16"
     cfg.model.remat = remat
-    cfg.model.attention = "einsum"
+    cfg.model.attention = attention or tpu_attention(model)
+    cfg.optim.grad_reduce = grad_reduce or cfg.optim.grad_reduce
     cfg.mesh.data, cfg.mesh.fsdp = -1, fsdp
   return cfg
 
 
-def build_step(model: str, devices, global_batch: int, *, remat: bool = False, fsdp: int = 1):
+def build_step(model: str, devices, global_batch: int, *, remat: bool = False, fsdp: int = 1, attention: str = "",
+               grad_reduce: str = ""):
   """(jitted step, abstract state, abstract batch, mesh, method) of the model's training stage over `devices`."""
   import jax
   import jax.numpy as jnp
@@ -122,7 +153,7 @@ def build_step(model: str, devices, global_batch: int, *, remat: bool = False, f
   from ncjax.data.noise import batch_transform
   from ncjax.train.program import StageProgram
   from ncjax.train.schedule import stage_spans
-  cfg = _config(model, global_batch, remat=remat, fsdp=fsdp)
+  cfg = _config(model, global_batch, remat=remat, fsdp=fsdp, attention=attention, grad_reduce=grad_reduce)
   resolved = experiment.resolve(cfg)
   mesh = shard_lib.make_mesh(resolved.config.mesh, devices)
   if global_batch % mesh.devices.size:
@@ -311,8 +342,36 @@ def _oom(error: Exception) -> bool:
   return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text or "out of memory" in text.lower()
 
 
+# A configuration's variant: '' (the defaults: `model.attention='auto'` as a TPU resolves it, gradients summed in
+# bf16), or one setting changed, for the comparisons of the note.
+# 'no_attention_core' is no model: the attention core (softmax(q k^T) v, forward and backward) replaced by an
+# elementwise stand-in that reads q, k and v and writes an output of their shape, to measure what the rest of the
+# step costs: the floor no attention implementation can go below.
+VARIANTS = {"": {}, "einsum": dict(attention="einsum"), "gradf32": dict(grad_reduce="float32"),
+            "no_attention_core": dict(attention="recompute")}
+
+
+def _stand_in_core(q, k, v, mask, scale):
+  return v + q * k * scale
+
+
+@contextlib.contextmanager
+def _variant_patch(variant: str):
+  """The variant's change to the model while its program is traced ('no_attention_core' only)."""
+  if variant != "no_attention_core":
+    yield
+    return
+  from ncjax.models import layers
+  real = layers.attend_recomputing
+  layers.attend_recomputing = _stand_in_core
+  try:
+    yield
+  finally:
+    layers.attend_recomputing = real
+
+
 def measure(model: str, slice_name: str, mesh_kind: str, batch_per_chip: int, *, remat: bool = False,
-            devices=None, hlo_dir: str = "") -> dict:
+            devices=None, hlo_dir: str = "", variant: str = "") -> dict:
   """Compile one configuration and read its program: the record `--json` keeps per configuration."""
   import jax
   from benchmarks import flops as flops_lib
@@ -320,14 +379,18 @@ def measure(model: str, slice_name: str, mesh_kind: str, batch_per_chip: int, *,
   devices = topology_devices(slice_name) if devices is None else devices
   fsdp = FSDP[slice_name] if mesh_kind == "fsdp" else 1
   global_batch = batch_per_chip * chips
+  settings = VARIANTS[variant]
+  attention = settings.get("attention") or tpu_attention(model)
   record = dict(model=model, slice=slice_name, mesh=mesh_kind, chips=chips, fsdp=fsdp, batch_per_chip=batch_per_chip,
-                global_batch=global_batch, remat=remat, chip=chip.name, hbm_capacity=chip.hbm_bytes)
-  prog, batch, mesh, method, abstract_params = build_step(model, devices, global_batch, remat=remat, fsdp=fsdp)
+                global_batch=global_batch, remat=remat, chip=chip.name, hbm_capacity=chip.hbm_bytes,
+                variant=variant, attention=attention, grad_reduce=settings.get("grad_reduce", "bf16"))
+  prog, batch, mesh, method, abstract_params = build_step(model, devices, global_batch, remat=remat, fsdp=fsdp,
+                                                          **settings)
   record["params"] = int(sum(leaf.size for leaf in jax.tree.leaves(abstract_params)))
   spec = method.setup.model
   t = time.perf_counter()
   try:
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh), _variant_patch(variant):
       compiled = prog.step.lower(prog.abstract_state, batch).compile()
   except Exception as e:    # the TPU compiler refuses a program that does not fit its HBM
     if not _oom(e):
@@ -351,6 +414,9 @@ def measure(model: str, slice_name: str, mesh_kind: str, batch_per_chip: int, *,
                    "wt") as f:
       f.write(hlo)
   cols = collectives(hlo, chips)
+  traffic = hlo_traffic.hbm_traffic(hlo, LOOP_TRIPS.get(model, 1))
+  record.update(hbm_resident_bytes=traffic["hbm_bytes"], operand_bytes=traffic["all_bytes"],
+                hbm_parts=traffic["parts"])
   minimum = minimum_collective_bytes(abstract_params, chips=chips, fsdp=fsdp, global_batch=global_batch,
                                      embed_dim=int(spec.towers["embed_dim"]))
   record.update(
@@ -379,20 +445,25 @@ def roofline(record: dict, chip: Chip) -> dict:
   ici = record["collective_bytes"] / chip.ici_bandwidth
   step = max(compute, hbm) + ici
   model_flops = record.get("flops_model", record["flops_analytic"])   # without remat's recomputed forward
-  return dict(seconds_compute=compute, seconds_hbm=hbm, seconds_ici=ici, step_seconds=step,
-              mfu=model_flops / chip.bf16_flops / step,
-              mfu_compute_bound=model_flops / chip.bf16_flops / (compute + ici))
+  out = dict(seconds_compute=compute, seconds_hbm=hbm, seconds_ici=ici, step_seconds=step,
+             mfu=model_flops / chip.bf16_flops / step,
+             mfu_compute_bound=model_flops / chip.bf16_flops / (compute + ici))
+  if record.get("hbm_resident_bytes"):   # the traffic of the arrays that live in HBM (hlo_traffic)
+    resident = record["hbm_resident_bytes"] / chip.hbm_bandwidth
+    out.update(seconds_hbm_resident=resident,
+               mfu_hbm_resident=model_flops / chip.bf16_flops / (max(compute, resident) + ici))
+  return out
 
 
 FSDP = {"v5e256": 16, "v5p128": 8, "v5e4": 2, "cpu8": 2}
 
 
 def config_name(model: str, slice_name: str, mesh_kind: str, batch_per_chip: int | None = None,
-                remat: bool = False) -> str:
+                remat: bool = False, variant: str = "") -> str:
   name = f"{model}_{slice_name}_{mesh_kind}"
   if batch_per_chip is not None:
     name += f"_b{batch_per_chip}"
-  return name + ("_remat" if remat else "")
+  return name + ("_remat" if remat else "") + (f"_{variant}" if variant else "")
 
 
 _TEMPS_REFUSED = re.compile(r"required for HLO temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)")
@@ -485,6 +556,11 @@ MAIN = [("clip_vit_b16", "v5e256", "data", False), ("clip_vit_b16", "v5p128", "d
         ("clip_vit_l14", "v5e256", "fsdp", True), ("clip_vit_l14", "v5p128", "fsdp", False)]
 SEARCH = [("clip_vit_b16", "v5e256"), ("clip_vit_b16", "v5p128"), ("clip_vit_l14", "v5e256"),
           ("clip_vit_l14", "v5p128")]
+# The note's comparisons, at the first row's configuration: the einsum attention (every row's until 2026-11-27) and
+# gradients summed in float32.
+COMPARE = [("clip_vit_b16", "v5e256", "data", False, "einsum"), ("clip_vit_b16", "v5e256", "data", False, "gradf32"),
+           ("clip_vit_b16", "v5e256", "data", False, "no_attention_core"),
+           ("clip_vit_b16", "v5p128", "data", False, "gradf32")]
 LATE = [("ncu_vit_b16", "v5e256", "fsdp", False), ("ncu_vit_b16", "v5p128", "fsdp", False),
         ("gsc_vit_b16", "v5e256", "fsdp", False), ("gsc_vit_b16", "v5p128", "fsdp", False)]
 
@@ -493,6 +569,8 @@ def upgrade(results: dict) -> dict:
   """Records written by an earlier version of this file, brought up to this one's readings without compiling:
   loop bodies counted per iteration, the model FLOPs beside the analytic count."""
   for r in results.values():
+    if isinstance(r, dict) and "model" in r:
+      r.setdefault("variant", "")
     if isinstance(r, dict) and "collectives" in r and ("loop_trips" not in r or "flops_model" not in r):
       r["loop_trips"] = LOOP_TRIPS.get(r["model"], 1)
       r["collective_bytes"] = collective_total(r["collectives"], r["loop_trips"])
@@ -524,14 +602,14 @@ def run_all(json_path: str, *, only: set | None = None, search: bool = True, qui
       json.dump(results, f, indent=1)
     os.replace(tmp, json_path)
 
-  def run(model, slice_name, mesh_kind, batch_per_chip, remat):
-    key = config_name(model, slice_name, mesh_kind, batch_per_chip, remat)
+  def run(model, slice_name, mesh_kind, batch_per_chip, remat, variant=""):
+    key = config_name(model, slice_name, mesh_kind, batch_per_chip, remat, variant)
     if key not in results:
       if slice_name not in devices:
         devices[slice_name] = topology_devices(slice_name)
       print(f"[pod_compile] {key} ...", flush=True)
       results[key] = measure(model, slice_name, mesh_kind, batch_per_chip, remat=remat, devices=devices[slice_name],
-                             hlo_dir=os.path.splitext(json_path)[0] + "_hlo")
+                             hlo_dir=os.path.splitext(json_path)[0] + "_hlo", variant=variant)
       r = results[key]
       print(f"[pod_compile] {key}: {r.get('compile_seconds', 0):.0f} s, fits={r.get('fits')}, "
             f"peak {r.get('peak_bytes', 0) / GIB:.2f} GiB", flush=True)
@@ -541,12 +619,13 @@ def run_all(json_path: str, *, only: set | None = None, search: bool = True, qui
   wanted = lambda name: only is None or name in only
 
   def main_rows(configs):
-    for model, slice_name, mesh_kind, remat in configs:
-      name = config_name(model, slice_name, mesh_kind, remat=remat)
+    for model, slice_name, mesh_kind, remat, *variant in configs:
+      variant = variant[0] if variant else ""
+      name = config_name(model, slice_name, mesh_kind, remat=remat, variant=variant)
       if not wanted(name):
         continue
       per_chip = GLOBAL_BATCH // SLICES[slice_name][2] if not quick else 8
-      r = run(model, slice_name, mesh_kind, per_chip, remat)
+      r = run(model, slice_name, mesh_kind, per_chip, remat, variant)
       results[name] = dict(r, name=name)
       save()
 
@@ -555,7 +634,7 @@ def run_all(json_path: str, *, only: set | None = None, search: bool = True, qui
     upgrade(results)
     save()
     return results
-  main_rows(MAIN)
+  main_rows(MAIN[:1] + COMPARE + MAIN[1:])
   if search:
     for model, slice_name in SEARCH:
       name = config_name(model, slice_name, "data")

@@ -10,7 +10,14 @@ COLLECTIVE_TARGET = 1.25  # collective bytes <= 1.25 x the data-parallel minimum
 
 LABELS = {"clip_vit_b16": "CLIP ViT-B/16", "clip_vit_l14": "CLIP ViT-L/14", "ncu_vit_b16": "NCU ViT-B/16 (stage 2)",
           "gsc_vit_b16": "GSC ViT-B/16", "clip_micro": "CLIP micro"}
-SLICE_LABELS = {"v5e256": "v5e-256", "v5p128": "v5p-128", "v5e4": "v5e-4", "cpu8": "8 simulated CPU devices"}
+# Slices by their chips. Google Cloud names v5p slices by TensorCores (two per chip): 128 v5p chips are a
+# "v5p-256"; a v5e chip has one core, so "v5litepod-256" is 256 chips.
+SLICE_LABELS = {"v5e256": "v5e-256", "v5p128": "v5p, 128 chips", "v5e4": "v5e-4", "cpu8": "8 simulated CPU devices"}
+VARIANT_LABELS = {"": "", "einsum": ", attention=einsum", "gradf32": ", grads summed in float32",
+                  "no_attention_core": ", attention core removed (floor)"}
+# The issue's targets for CLIP ViT-B/16 on v5e-256 at 128 pairs per chip (issue 51)
+BYTES_TARGET = 140e9          # XLA's bytes accessed per chip per step
+BATCH_TARGET = 192            # the largest batch per chip as written, without remat
 
 
 FINDINGS = """
@@ -39,23 +46,19 @@ FINDINGS = """
    gather is an all-reduce of a zero-padded buffer as well (63.5 against 31.9 MiB). A shard_map loss with an
    explicit all_gather (whose transpose is psum_scatter) would save these ~64-96 MiB per step — about 0.2 ms of ICI
    against an 80 ms step: left as is.
-5. **Gradients are summed in bf16.** The weights the towers use in bf16 get their gradients as bf16 products, and
-   XLA all-reduces those before widening them to the float32 parameters: half the bytes of a float32 reduction (the
-   minimum above counts them so), rounded in bf16 along the ring over 256 chips. A float32 reduction would double
-   the gradient traffic (665 -> ~1,330 MiB per chip per step, ~3 ms of ICI); not changed here.
-6. **Memory.** ViT-B/16 at 128 pairs per chip takes 14.5 GiB of a v5e chip's 16 (the compiler allows 15.75 GiB):
-   it fits, NCU's and GSC's steps too — and 128 is the edge: at 136 the compiler still accepts the step but
-   rematerialises on its own to do so (1.029x the analytic FLOPs, 1.074x at 144, 1.15x from 168 up to the largest
-   batch it accepts), so a larger batch per v5e chip wants `model.remat=True` (recomputing every block, planned)
-   rather than the compiler's choice. ViT-L/14 at 128 per chip does not fit a v5e chip, even with remat: 27.6 /
-   16.0 GiB of temporaries — 428 M float32 parameters, their AdamW moments and gradients replicated on every chip
-   take 6.4 GiB before any activation; with FSDP (16) and remat the step takes 7.8 GiB.
-7. **The HBM term is XLA's estimate, and pessimistic.** The compiler's "bytes accessed" (208 GB per chip per step
-   for ViT-B/16 at 128 per chip: 253 ms at 819 GB/s against 81 ms of compute) counts every fusion's operands and
-   results, also buffers it keeps in on-chip memory; were it right, the step would be memory-bound at ~31% MFU. The
-   truth lies between that and the compute-bound figure; a run on the slice decides. The largest real traffic is the
-   einsum attention's float32 logits and probabilities (B x 12 x 197 x 197 per block, forward and backward): a fused
-   attention kernel for TPU (Pallas) is what would remove it — not built (`model.attention` has cuDNN's for GPUs).
+5. **Gradients are summed in bf16 by default.** The weights the towers use in bf16 get their gradients as bf16
+   products, and XLA all-reduces those before widening them to the float32 parameters: half the bytes of a float32
+   reduction (the minimum above counts them so), rounded in bf16 along the ring over every chip.
+   `optim.grad_reduce=float32` forms the blocks' weight and bias gradients in float32 (the weight-gradient products
+   output float32) so that they are summed in float32: its rows above (", grads summed in float32") give what that
+   costs in collective bytes.
+6. **Memory and traffic: what the step stores between forward and backward.** The einsum attention's autodiff
+   keeps every block's float32 probabilities (B x heads x 197 x 197: 238 MB per image block at 128 pairs per chip,
+   the largest arrays of the program) and writes and re-reads them several times. `model.attention='recompute'`
+   (what 'auto' picks on a TPU) keeps q, k, v, the output and two float32 numbers per row (maximum, 1 / sum), and
+   recomputes the probabilities in the backward, rounded to bf16 as the forward's were for p v; its blocks also
+   recompute the MLP's activation from its stored pre-activation. The sections below give its traffic by part,
+   against the einsum attention and against a stand-in that removes the attention core entirely (the floor).
 """
 
 
@@ -95,29 +98,41 @@ def _mesh(r: dict) -> str:
   return "data" if r["fsdp"] == 1 else f"data {r['chips'] // r['fsdp']} x fsdp {r['fsdp']}"
 
 
+def step_label(r: dict) -> str:
+  """The step's name in the tables: the model, its remat and its variant (a row that does not fit names them)."""
+  return (LABELS.get(r["model"], r["model"]) + (" + remat" if r.get("remat") else "")
+          + VARIANT_LABELS.get(r.get("variant", ""), f", {r.get('variant')}"))
+
+
 def _row(r: dict) -> str:
   if not r.get("fits", True) and "flops_compiled" not in r:
-    return (f"| {LABELS.get(r['model'], r['model'])} | {SLICE_LABELS.get(r['slice'], r['slice'])} | {r['mesh']} | "
-            f"{r['batch_per_chip']} | does not fit: {r.get('error', '')[:80]} |" + " |" * 9)
+    needed = r.get("error", "").split("temporaries (")[-1].split("G)")[0]
+    why = f"{float(needed):.1f} GiB of temporaries" if needed.replace(".", "").isdigit() else r.get("error", "")[:80]
+    return (f"| {step_label(r)} | {SLICE_LABELS.get(r['slice'], r['slice'])} | {_mesh(r)} | "
+            f"{r['batch_per_chip']} | **does not fit** ({why}) |" + " |" * 8)
   flops = r["flops_compiled"] / r["flops_analytic"]
   col = r["collective_bytes"] / r["collective_bytes_min"]
-  return (f"| {LABELS.get(r['model'], r['model'])} | {SLICE_LABELS.get(r['slice'], r['slice'])} | "
+  resident = r.get("hbm_resident_bytes")
+  return (f"| {step_label(r)} | {SLICE_LABELS.get(r['slice'], r['slice'])} | "
           f"{_mesh(r)} | "
           f"{r['batch_per_chip']} | {r['params'] / 1e6:.1f} | {r['flops_compiled'] / 1e12:.2f} / "
           f"{r['flops_analytic'] / 1e12:.2f} = **{flops:.3f}** | {r['collective_bytes'] / GIB:.3f} / "
           f"{r['collective_bytes_min'] / GIB:.3f} = **{col:.2f}** | {r['peak_bytes'] / GIB:.2f} of "
-          f"{r['hbm_capacity'] / GIB:.0f} | {1e3 * r['seconds_compute']:.0f} / {1e3 * r['seconds_hbm']:.0f} / "
-          f"{1e3 * r['seconds_ici']:.1f} | {100 * r['mfu_compute_bound']:.0f}% / {100 * r['mfu']:.0f}% | "
+          f"{r['hbm_capacity'] / GIB:.0f} | {r['hbm_bytes'] / 1e9:.0f} / "
+          f"{(resident or 0) / 1e9:.0f} | {1e3 * r['seconds_compute']:.0f} / {1e3 * r['seconds_hbm']:.0f} / "
+          f"{1e3 * r.get('seconds_hbm_resident', 0):.0f} / {1e3 * r['seconds_ici']:.1f} | "
+          f"{100 * r['mfu_compute_bound']:.0f}% / {100 * r['mfu']:.0f}% / {100 * r.get('mfu_hbm_resident', 0):.0f}% | "
           f"{r['compile_seconds']:.0f} |")
 
 
 def markdown(results: dict, *, versions: str = "") -> str:
   rows = _main_records(results)
-  out = [f"# A TPU pod's train step, compiled here for its chips (never run)\n",
+  out = ["# A TPU pod's train step, compiled here for its chips (never run)\n",
          f"`python -m benchmarks.pod_compile --note=docs/notes/pod_compile_tpu.md` with libtpu "
          f"(`pip install 'ncjax[tpu]'`), {datetime.date.today().isoformat()}{versions}. Each row is ncjax's own "
-         f"train step (the trainer's StageProgram of the method, bf16 towers, float32 parameters, AdamW, einsum "
-         f"attention) for a global batch of 32,768 pairs, lowered from abstract inputs and compiled by the TPU "
+         f"train step (the trainer's StageProgram of the method, bf16 towers, float32 parameters, AdamW, the "
+         f"attention `model.attention='auto'` picks on a TPU: 'recompute') for a global batch of 32,768 pairs, "
+         f"lowered from abstract inputs and compiled by the TPU "
          f"compiler for the slice's chips. Per chip: the compiler's FLOPs against the analytic count "
          f"(`benchmarks/flops.py`: the towers' matrix products, forward and backward, and the loss's similarity "
          f"products; ViT-B/16 123.13 GFLOP per pair), the bytes its collectives receive over rings against the "
@@ -127,15 +142,19 @@ def markdown(results: dict, *, versions: str = "") -> str:
          f"gathered twice; collectives inside NCU's Sinkhorn loops counted 100 times, its iteration limit), XLA's "
          f"memory analysis (arguments + outputs − aliased + temporaries + code) against "
          f"the chip's HBM, and a roofline: compute at the chip's bf16 peak / HBM traffic at its bandwidth for "
-         f"XLA's bytes-accessed estimate / collectives at its ICI bandwidth (v5e: 197 TFLOP/s, 16 GiB, 819 GB/s, "
-         f"400 GB/s; v5p: 459 TFLOP/s, 95 GiB, 2,765 GB/s, 600 GB/s — Google Cloud's TPU v5e and v5p pages). "
-         f"MFU: the model FLOPs (no recomputation) over the compute-bound time (compute + ICI) / over the time "
-         f"with XLA's HBM estimate (max(compute, HBM) + ICI). With remat the analytic count adds one recomputed "
-         f"forward of every block (an upper bound: XLA recomputes less).\n",
+         f"XLA's bytes-accessed estimate and for the HBM-resident estimate / collectives at its ICI bandwidth (v5e: "
+         f"197 TFLOP/s, 16 GiB, 819 GB/s, 400 GB/s; v5p: 459 TFLOP/s, 95 GiB, 2,765 GB/s, 600 GB/s — Google "
+         f"Cloud's TPU v5e and v5p pages; its slice names count TensorCores, so the 128-chip v5p slice here is its "
+         f"v5p-256). XLA's bytes accessed count every top-level instruction's operands and result, on-chip "
+         f"buffers included; the HBM-resident estimate (`benchmarks/hlo_traffic.py`) counts only the arrays whose "
+         f"layout places them in HBM (no `S(1)` memory space), at their logical sizes. MFU: the model FLOPs (no "
+         f"recomputation) over the compute-bound time (compute + ICI) / over the time with XLA's HBM estimate "
+         f"(max(compute, HBM) + ICI) / with the HBM-resident estimate. With remat the analytic count adds one "
+         f"recomputed forward of every block (an upper bound: XLA recomputes less).\n",
          "| step | slice | mesh | pairs/chip | params (M) | TFLOP/chip compiled / analytic | collective GiB/chip "
-         "/ minimum | peak GiB of HBM | ms: compute / HBM (XLA est.) / ICI | MFU: compute-bound / with HBM "
-         "est. | compile s |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
+         "/ minimum | peak GiB of HBM | GB/chip: XLA bytes / HBM-resident | ms: compute / HBM (XLA) / HBM "
+         "(resident) / ICI | MFU: compute-bound / HBM (XLA) / HBM (resident) | compile s |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   out += [_row(r) for r in rows]
   misses = []
   for r in rows:
@@ -155,6 +174,7 @@ def markdown(results: dict, *, versions: str = "") -> str:
   out.append("\n**Targets** (compiled FLOPs <= 1.15x analytic; collective bytes <= 1.25x the minimum; ViT-B/16 at "
              "128 pairs per chip fits a v5e chip): " + ("every row meets them." if not misses else
                                                         "missed by\n" + "\n".join(misses)))
+  out += traffic_sections(results, rows)
   search = {k[: -len("_max_batch")]: v for k, v in results.items() if k.endswith("_max_batch")}
   if search:
     out += ["\n## The largest per-chip batch (data-parallel)\n",
@@ -185,7 +205,7 @@ def markdown(results: dict, *, versions: str = "") -> str:
   for r in rows:
     if "flops_compiled" not in r:
       continue
-    out.append(f"| {LABELS.get(r['model'], r['model'])} | {SLICE_LABELS.get(r['slice'], r['slice'])} | {_mesh(r)} | "
+    out.append(f"| {step_label(r)} | {SLICE_LABELS.get(r['slice'], r['slice'])} | {_mesh(r)} | "
                f"{pairs_per_second(r, 'compute'):,.0f} / {pairs_per_second(r, 'hbm'):,.0f} | "
                f"{chip_hours_per_billion(r, 'compute'):,.0f} / {chip_hours_per_billion(r, 'hbm'):,.0f} |")
   out.append(FINDINGS)
@@ -200,13 +220,69 @@ def markdown(results: dict, *, versions: str = "") -> str:
   return "\n".join(out) + "\n"
 
 
+def _find(rows, model="clip_vit_b16", slice_name="v5e256", variant=""):
+  return next((r for r in rows if r.get("model") == model and r.get("slice") == slice_name and r.get("mesh") == "data"
+               and not r.get("remat") and r.get("variant", "") == variant and "flops_compiled" in r), None)
+
+
+def traffic_sections(results: dict, rows: list[dict]) -> list[str]:
+  """Where CLIP ViT-B/16's bytes go on v5e-256 (per part, each variant) and issue 51's targets against the
+  default row."""
+  base = _find(rows)
+  variants = [(v, _find(rows, variant=v)) for v in ("", "einsum", "no_attention_core")]
+  variants = [(v, r) for v, r in variants if r is not None and r.get("hbm_parts")]
+  out = []
+  if variants:
+    from benchmarks.hlo_traffic import PARTS
+    heads = [f"{VARIANT_LABELS[v].lstrip(', ') or 'default (recompute)'}: HBM-resident / all" for v, _ in variants]
+    out += ["\n## Where the bytes go: CLIP ViT-B/16, v5e-256, 128 pairs per chip\n",
+            "GB per chip per step by part of the model (`benchmarks/hlo_traffic.py`: the named scopes of each "
+            "instruction's `op_name`; the compiler's prefetches and spills count with what they move; 'all' counts "
+            "on-chip arrays too, as XLA's bytes accessed do).\n",
+            "| part | " + " | ".join(heads) + " |", "|---|" + "---|" * len(variants)]
+    for part in PARTS:
+      cells = [(r["hbm_parts"].get(part) or {}) for _, r in variants]
+      if not any(c for c in cells):
+        continue
+      out.append(f"| {part} | " + " | ".join(f"{c.get('hbm', 0) / 1e9:.1f} / {c.get('all', 0) / 1e9:.1f}"
+                                               for c in cells) + " |")
+    out.append("| **total** (XLA's bytes accessed) | " + " | ".join(
+        f"**{r['hbm_resident_bytes'] / 1e9:.1f} / {r['operand_bytes'] / 1e9:.1f}** ({r['hbm_bytes'] / 1e9:.0f})"
+        for _, r in variants) + " |")
+  if base:
+    search = (results.get("clip_vit_b16_v5e256_data_max_batch") or {}).get("False") or {}
+    largest = search.get("max_batch")
+    reference = _find(rows, variant="einsum")
+    checks = [
+        ("XLA's bytes accessed", f"{base['hbm_bytes'] / 1e9:.0f} GB per chip per step",
+         f"<= {BYTES_TARGET / 1e9:.0f} GB", base["hbm_bytes"] <= BYTES_TARGET),
+        ("HBM-resident estimate at 819 GB/s vs compute",
+         f"{1e3 * base.get('seconds_hbm_resident', 0):.0f} ms vs {1e3 * base['seconds_compute']:.0f} ms",
+         "no longer than compute", base.get("seconds_hbm_resident", 1e9) <= base["seconds_compute"]),
+        ("compiled FLOPs / analytic", f"{base['flops_compiled'] / base['flops_analytic']:.3f}",
+         f"<= {FLOPS_TARGET}", base["flops_compiled"] / base["flops_analytic"] <= FLOPS_TARGET),
+        ("collectives / minimum", f"{base['collective_bytes'] / base['collective_bytes_min']:.2f}",
+         f"<= {COLLECTIVE_TARGET}", base["collective_bytes"] / base["collective_bytes_min"] <= COLLECTIVE_TARGET),
+        ("largest batch per chip as written, no remat", str(largest) if largest else "not searched",
+         f">= {BATCH_TARGET}", bool(largest) and largest >= BATCH_TARGET),
+    ]
+    out += ["\n## Issue 51's targets for this row\n",
+            "| target | measured | wanted | met |", "|---|---|---|---|"]
+    out += [f"| {name} | {value} | {wanted} | {'yes' if ok else '**no**'} |" for name, value, wanted, ok in checks]
+    if reference:
+      out.append(f"\nThe einsum attention at the same configuration: {reference['hbm_bytes'] / 1e9:.0f} GB of XLA's "
+                 f"bytes accessed, {reference['hbm_resident_bytes'] / 1e9:.0f} GB HBM-resident, peak "
+                 f"{reference['peak_bytes'] / GIB:.2f} GiB (the default: {base['peak_bytes'] / GIB:.2f} GiB).")
+  return out
+
+
 def readme_table(results: dict) -> str:
   """The README's per-chip summary: one row per main configuration."""
   out = ["| step | slice, mesh | pairs/chip | peak HBM | FLOPs compiled / analytic | collectives / minimum | "
          "step ms (compute-bound / with HBM est.) | pairs/s of the slice | chip-hours per 1e9 pairs |",
          "|---|---|---|---|---|---|---|---|---|"]
   for r in _main_records(results):
-    label = LABELS.get(r["model"], r["model"]) + (" + remat" if r.get("remat") else "")
+    label = step_label(r)
     where = f"{SLICE_LABELS.get(r['slice'], r['slice'])}, {_mesh(r)}"
     if "flops_compiled" not in r:
       needed = r.get("error", "").split("temporaries (")[-1].split("G)")[0]

@@ -106,6 +106,11 @@ def test_the_real_step_compiles_from_abstract_inputs_on_simulated_devices(tmp_pa
   # the t2i accuracy reduces columns (max, first row at the max) instead of gathering per-column argmax candidates
   assert not any(c["kind"] == "all-gather" and c["type"].startswith("s32") for c in record["collectives"])
   assert 1e5 < record["params"] < 2e5      # micro: both towers, 64 wide, one block each
+  # XLA:CPU keeps nothing on chip: every array it moves counts as resident, and each block's parts are labelled
+  assert record["attention"] == "recompute" and record["variant"] == ""
+  assert record["hbm_resident_bytes"] > 0 and record["hbm_resident_bytes"] == pytest.approx(record["operand_bytes"])
+  assert {"attention core", "attention projections", "mlp", "layer norm"} <= set(record["hbm_parts"])
+  assert sum(p["hbm"] for p in record["hbm_parts"].values()) == pytest.approx(record["hbm_resident_bytes"])
 
 
 @pytest.mark.slow
@@ -173,3 +178,50 @@ def test_collectives_in_a_loop_count_once_per_iteration():
   looped = sum(c["moved"] for c in cols if c["in_loop"])
   once = pc.collective_total(cols)
   assert pc.collective_total(cols, 100) == pytest.approx(once + 99 * looped)
+
+
+TRAFFIC_HLO = """
+HloModule m
+
+%fused_computation (p: f32[1024]) -> f32[1024] {
+  %p = f32[1024]{0} parameter(0)
+  ROOT %n = f32[1024]{0} negate(%p)
+}
+
+%body (t: (s32[], f32[256])) -> (s32[], f32[256]) {
+  %t = (s32[], f32[256]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f32[256]{0} get-tuple-element(%t), index=1
+  %y = f32[256]{0:T(256)S(1)} add(%x, %x), metadata={op_name="jit(f)/jvp(mlp)/add"}
+  ROOT %r = (s32[], f32[256]{0}) tuple(%i, %y)
+}
+
+ENTRY %main (a: f32[1024], w: bf16[64,64]) -> f32[1024] {
+  %a = f32[1024]{0:T(1024)} parameter(0)
+  %w = bf16[64,64]{1,0:T(8,128)(2,1)} parameter(1)
+  %f = f32[1024]{0:T(1024)} fusion(%a), kind=kLoop, calls=%fused_computation, metadata={op_name="jit(f)/jvp(attention_core)/exp"}
+  %cs = (bf16[64,64]{1,0:T(8,128)(2,1)S(1)}, bf16[64,64]{1,0:T(8,128)(2,1)}, u32[]{:S(2)}) copy-start(%w)
+  %cd = bf16[64,64]{1,0:T(8,128)(2,1)S(1)} copy-done(%cs)
+  %c = f32[1024]{0:T(1024)} copy(%f), metadata={op_name="jit(f)/jvp(attention_projections)/add"}
+  %init = (s32[], f32[256]{0}) tuple(%i0, %x0)
+  %loop = (s32[], f32[256]{0}) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[1024]{0:T(1024)} add(%c, %c), metadata={op_name="jit(f)/jvp(residual)/add"}
+}
+"""
+
+
+def test_hbm_traffic_counts_the_arrays_that_live_in_hbm_by_part():
+  """benchmarks/hlo_traffic: operands and results of the top-level instructions (and of loop bodies, per trip),
+  on-chip arrays (S(1)) counted in 'all' only, a prefetch counted once at its start and given the part of what
+  it moves, a copy as a layout copy."""
+  from benchmarks import hlo_traffic
+  t = hlo_traffic.hbm_traffic(TRAFFIC_HLO, loop_trips=10)
+  kb, w = 4096, 64 * 64 * 2
+  parts = t["parts"]
+  assert parts["attention core"] == dict(hbm=2 * kb, all=2 * kb)              # the fusion: its operand, its result
+  assert parts["layout copies"] == dict(hbm=2 * kb, all=2 * kb)
+  assert parts["residual adds"] == dict(hbm=3 * kb, all=3 * kb)
+  assert parts["parameters and state"] == dict(hbm=w, all=2 * w)               # HBM -> on chip: one read in HBM
+  assert parts["mlp"] == dict(hbm=10 * 2 * 1024, all=10 * 3 * 1024)          # the loop's add, 10 trips
+  assert t["hbm_bytes"] == sum(p["hbm"] for p in parts.values())
+  assert t["all_bytes"] == sum(p["all"] for p in parts.values())
