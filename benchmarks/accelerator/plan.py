@@ -186,16 +186,16 @@ def render(plan: dict) -> str:
   """The plan as text: each worker's preparation (in parallel) and turn (one at a time), the tests' share, and
   what is left out."""
   lines = [f"accelerator check plan: {plan['total_s']:.0f} s in all (the device call's 600 s less its start and "
-           f"the copies)", f"  {'setup: wheels, card, versions':<62} {plan['setup_s']:>5.0f} s"]
+           f"the copies)", f"  {'setup: wheels, card, versions':<70} {plan['setup_s']:>5.0f} s"]
   lines.append("  prepare, every worker at once in its own process (ready at, from the measurements' start):")
   for s in plan["steps"]:
-    lines.append(f"    {s.worker.name:<5} {s.worker.section}  {s.worker.title:<52} ready at {s.ready:>4.0f} s")
+    lines.append(f"    {s.worker.name:<5} {s.worker.section}  {s.worker.title:<60} ready at {s.ready:>4.0f} s")
   lines.append("  turns on the GPU, one at a time in priority order (start -> end):")
   for s in plan["steps"]:
     mark = "LEFT OUT" if s.left_out else f"{s.start:>4.0f} -> {s.end:>4.0f} s"
-    lines.append(f"    {s.worker.name:<5} {s.worker.section}  {s.worker.title:<52} {mark}")
-  lines.append(f"  {'GPU slice of the test suite: what is left (its minimum ' + str(int(plan['tests_min_s'])) + ' s)':<62}"
-               f" {plan['tests_s']:>5.0f} s")
-  lines.append(f"  {'the table, the JSON and the logs archive':<62} {plan['finalize_s']:>5.0f} s")
+    lines.append(f"    {s.worker.name:<5} {s.worker.section}  {s.worker.title:<60} {mark}")
+  tests = f"GPU slice of the test suite: what is left (its minimum {plan['tests_min_s']:.0f} s)"
+  lines.append(f"  {tests:<70} {plan['tests_s']:>5.0f} s")
+  lines.append(f"  {'the table, the JSON and the logs archive':<70} {plan['finalize_s']:>5.0f} s")
   lines.append("left out: " + (", ".join(plan["left_out"]) if plan["left_out"] else "nothing"))
   return "\n".join(lines)
