@@ -232,7 +232,7 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-# The arguments NC-bench passes to the config of each of its rows (ncjax.ncbench.cell_config; a row is a method's
+# The arguments NC-bench passes to the config of each of its rows (ncjax.cli.ncbench.cell_config; a row is a method's
 # `BenchEntry`): every config a row names accepts `data` (a dataset name), `noise` (the injected ratio), `epochs`
 # (the main stage's) and `batch` (the global batch); two-tower rows also `model` (a size name); rows that start from
 # another run of their cell also `init` (its workdir); rows that read another run's per-sample scores also

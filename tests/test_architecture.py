@@ -36,8 +36,13 @@ ALLOWED = {
 # ncjax.errors (the kinds of user error and how they are reported) and ncjax.compat (where the supported JAX releases
 # differ) are leaves every component may import.
 EVERYWHERE = {"errors", "compat"}
-# Entry points (CLI, demo, tools, the evaluation path) may import anything; nothing below may import them.
-TOP = {"train", "experiment", "evaluation", "eval_suite", "audit", "web_audit", "web_report", "main", "demo", "testing"}
+# The commands' `python -m` addresses at the package root: each forwards to its module in ncjax/cli and holds nothing
+# else (test_no_command_module_at_the_package_root).
+ROOT_SHIMS = {"main": "ncjax.cli.main", "demo": "ncjax.cli.demo"}
+ALLOWED.update({shim: {"cli"} for shim in ROOT_SHIMS})
+# The commands (ncjax/cli), the evaluation path and the test helpers may import anything; nothing below may import
+# them.
+TOP = {"train", "experiment", "evaluation", "cli", "testing", *ROOT_SHIMS}
 
 
 def _modules() -> dict[str, str]:
@@ -102,7 +107,7 @@ def test_every_import_follows_the_layer_table():
   for mod, deps in graph.items():
     comp = component(mod)
     if comp not in ALLOWED:
-      assert comp in TOP | {"ncjax", "export", "ncbench"} or comp.startswith("_"), \
+      assert comp in TOP | {"ncjax"} or comp.startswith("_"), \
           f"{mod}: component {comp!r} is missing from the layer table"
       continue
     for dep in deps:
@@ -162,3 +167,30 @@ def test_architecture_doc_lists_every_component():
     doc = f.read()
   missing = [c for c in ALLOWED if f"`{c}`" not in doc and f"ncjax/{c}" not in doc]
   assert not missing, f"docs/architecture.md does not mention {missing}"
+
+
+def _is_main_guard(node) -> bool:
+  return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+          and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
+
+
+def test_no_command_module_at_the_package_root():
+  """The commands live in ncjax/cli. A module at the package root runs as a program only if it is one of the
+  `python -m` shims, and a shim holds only its docstring, imports and the `__main__` guard calling into its
+  command module."""
+  for name in sorted(os.listdir(PKG)):
+    if not name.endswith(".py"):
+      continue
+    with open(os.path.join(PKG, name), encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    mod = name[:-3]
+    guarded = [node for node in tree.body if _is_main_guard(node)]
+    if mod not in ROOT_SHIMS:
+      assert not guarded, f"ncjax/{name} runs as a program: a command belongs in ncjax/cli"
+      continue
+    body = [node for node in tree.body if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+    extra = [ast.unparse(n).splitlines()[0] for n in body
+             if not isinstance(n, (ast.Import, ast.ImportFrom)) and not _is_main_guard(n)]
+    assert not extra, f"ncjax/{name} is a shim of {ROOT_SHIMS[mod]} and should hold nothing else: {extra}"
+    assert guarded and ROOT_SHIMS[mod] in import_graph()[f"ncjax.{mod}"], \
+        f"ncjax/{name} does not forward to {ROOT_SHIMS[mod]}"

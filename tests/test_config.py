@@ -53,7 +53,7 @@ def test_cli_requires_workdir_and_rejects_unknown_command():
 def test_every_config_file_loads(name):
   c = load_config(name)
   if name == "ncbench":    # a sweep over methods, not one run
-    from ncjax import ncbench
+    from ncjax.cli import ncbench
     assert c.bench.methods and set(c.bench.methods) <= set(ncbench.methods())
     return
   assert c.method.name
@@ -93,7 +93,7 @@ def optional_float():
 def test_demo_workdirs_pass_through_a_config_argument():
   """The demo starts unlearning rows from earlier rows' workdirs via 'init=PATH': a comma in a row name's
   workdir would split the argument (it broke `make demo` once)."""
-  from ncjax import demo
+  from ncjax.cli import demo
   names = [row[0] for row in demo.CONCEPT_START + demo.CONCEPT_ROWS + demo.REGION_ROWS]
   for name in names:
     path = demo._workdir(name)

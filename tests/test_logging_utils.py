@@ -27,7 +27,7 @@ def test_progress_prints_lines_in_logs_and_a_rich_bar_on_a_terminal():
 
 
 def test_demo_tables_are_markdown_laid_out_by_rich():
-  from ncjax import demo
+  from ncjax.cli import demo
   text = demo.format_region_table([dict(name="DisNCL", noise=0.4, i2t=63.5, t2i=53.5, rsum=488.5, auc=0.986,
                                         seconds=111),
                                    dict(name="SGRAF hinge (clean)", noise=0.0, i2t=77.0, t2i=53.5, rsum=493.8,
@@ -41,7 +41,7 @@ def test_demo_tables_are_markdown_laid_out_by_rich():
 
 def test_demo_prints_the_ncbench_table_its_legend_and_plots(tmp_path, monkeypatch, capsys):
   """`make demo`'s output path (the sweep itself is NC-bench's, tested in tests/cli/test_ncbench.py)."""
-  from ncjax import demo, ncbench
+  from ncjax.cli import demo, ncbench
   records = [dict(method=m, noise=r, seed=0, noise_sha256="h", seconds=1.0, metrics={"zeroshot/acc1": v})
              for m, r, v in [("clip", 0.0, 0.95), ("clip", 0.4, 0.86), ("gsc", 0.4, 0.88),
                              ("ncu_gsc_forget", 0.4, 0.85)]]

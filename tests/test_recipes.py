@@ -109,7 +109,7 @@ def test_ac_and_hac_default_to_their_own_best_rows():
 
 
 def test_the_clean_references_noise_auc_prints_a_dash():
-  from ncjax import ncbench
+  from ncjax.cli import ncbench
   records = [dict(method="clip", noise=0.0, seed=s, noise_sha256="", seconds=1.0,
                   metrics={"zeroshot/acc1": 0.9, "noise_detection/auc": math.nan}) for s in range(2)]
   table = ncbench.format_markdown(ncbench.aggregate(records), "clip")

@@ -1,4 +1,4 @@
-"""NC-bench: every listed method on the same noise, data, seeds and budget (ncjax/ncbench.py).
+"""NC-bench: every listed method on the same noise, data, seeds and budget (ncjax/cli/ncbench.py).
 
   ncjax ncbench --config=configs/ncbench.py:noise=0.2+0.4+0.6,seeds=3,methods=clip+ncu+gsc+bayes \\
       --workdir=/runs/ncbench --cpu_devices=8

@@ -52,7 +52,8 @@ def test_a_plugin_method_trains_through_the_cli_with_periodic_and_final_evaluati
 
 
 def test_a_plugin_method_is_an_nc_bench_row(tmp_path):
-  from ncjax import config_lib, main, ncbench
+  from ncjax import config_lib
+  from ncjax.cli import main, ncbench
   main.load_plugins([PLUGIN])
   assert "toy_hinge" in ncbench.methods() and "symmetric hinge" in ncbench.legend(["toy_hinge"])
   cfg = config_lib.load_config_file("ncbench", "methods=toy_hinge,noise=0.4,seeds=1,epochs=1,batch=64,model=micro,"

@@ -15,7 +15,8 @@ import pytest
 from PIL import Image
 
 from helpers import ROOT, make_config
-from ncjax import audit, train
+from ncjax import train
+from ncjax.cli import audit
 from ncjax.evals import common
 
 

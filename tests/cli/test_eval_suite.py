@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 
 from helpers import ROOT, tiny_clip_config
-from ncjax import eval_suite, train
+from ncjax import train
+from ncjax.cli import eval_suite
 from ncjax.data.embedded import digits
 
 

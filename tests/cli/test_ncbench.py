@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from helpers import load_config
-from ncjax import ncbench
+from ncjax.cli import ncbench
 from ncjax.evals import noise as noise_eval, plots
 
 

@@ -1,4 +1,4 @@
-"""`ncjax audit` of web data and `ncjax filter` (ncjax.web_audit): every pair of img2dataset output scored once, its
+"""`ncjax audit` of web data and `ncjax filter` (ncjax.cli.web_audit): every pair of img2dataset output scored once, its
 score recomputed here from the model and the decoded pair; the records training skips are the ones counted bad;
 the report's suspects, sample, AUC and thumbnails from the score files; 2 processes score pair by pair as 1; a run
 SIGKILLed mid-shard resumes to the same files; a filter trains exactly on the kept ids (recorded) in every read
@@ -20,7 +20,8 @@ import pytest
 
 from helpers import ROOT, assert_trees_equal, tiny_clip_config
 import multiprocess
-from ncjax import errors, evaluation, experiment, fileio, train, web_audit
+from ncjax import errors, evaluation, experiment, fileio, train
+from ncjax.cli import web_audit
 from ncjax.data.web import dataset as web
 from ncjax.data.web import decode as web_decode
 from ncjax.data.web import index as web_index

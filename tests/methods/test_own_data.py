@@ -69,7 +69,7 @@ def test_own_labelled_table_from_build_to_an_evaluated_comparison(tmp_path):
   # noise, evaluated on the held-out split (zero-shot on its labels, retrieval, noise detection from the table's
   # clean column), ROC curves; a re-run skips both.
   from helpers import load_config
-  from ncjax import ncbench
+  from ncjax.cli import ncbench
   bench = load_config("ncbench", "data=tfds:web_pairs/custom_table,noise=0,methods=clip+gsc,epochs=1,batch=8")
   assert bench.bench.reference == "" and bench.bench.model == ""     # a user's data: no clean reference
   with bench.unlocked():

@@ -114,7 +114,7 @@ def test_a_run_with_context_16_exports_and_loads_back_with_a_tokenizer_of_16(tmp
   result = train.train(tiny_clip_config(total_steps=1, **{"model.tokenizer": "clip_bpe"}), str(workdir))
   run_tokenizer = result.experiment.tokenizer
   assert run_tokenizer.kind == "clip_bpe" and run_tokenizer.context_length == 16
-  params, meta, _ = ckpt_lib.restore_params(str(workdir))   # what `ncjax export` does (ncjax/main.py)
+  params, meta, _ = ckpt_lib.restore_params(str(workdir))   # what `ncjax export` does (ncjax/cli/main.py)
   config = config_lib.from_json_dict(meta["config"])
   pretrained.export(params["model"], config.model, str(out), "open_clip", tokenizer_kind=meta["tokenizer"]["kind"],
                     normalization=config.input.normalization)

@@ -74,7 +74,8 @@ def test_an_unknown_choice_names_the_known_ones():
 
 
 def test_ncbench_oracle_row_trains_clip_on_the_clean_pairs(tmp_path):
-  from ncjax import config_lib, ncbench
+  from ncjax import config_lib
+  from ncjax.cli import ncbench
   bench = config_lib.load_config_file("ncbench", "noise=0.4,seeds=1,methods=clip+oracle").bench
   cells = ncbench.cells_of(bench)
   oracle = next(c for c in cells if c.method == "oracle")

@@ -24,7 +24,7 @@ the run trained on, stays split over the whole mesh as training left it: every p
 writes its own shards' files; keys come from the shards' parquet (their tar where there is none), byte ranges and
 clean flags from the index where it is built. No image is read.
 
-The report (index.html, suspects, a sample, histograms) is read from the score files by ncjax.web_report.
+The report (index.html, suspects, a sample, histograms) is read from the score files by ncjax.cli.web_report.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ import time
 import jax
 import numpy as np
 
-from ncjax import config_lib, errors, evaluation, experiment, fileio, web_report
+from ncjax import config_lib, errors, evaluation, experiment, fileio
 from ncjax import sharding as shard_lib
+from ncjax.cli import web_report
 from ncjax.data.web import dataset as web
 from ncjax.data.web import decode as web_decode
 from ncjax.data.web import pipeline as web_pipeline

@@ -1,4 +1,4 @@
-"""The report of a web audit, read from its per-shard score files (ncjax.web_audit writes them).
+"""The report of a web audit, read from its per-shard score files (ncjax.cli.web_audit writes them).
 
 `write_report` (process 0, after every shard is scored): one scan of the score files keeps the `top` lowest
 scores, a uniform sample of `sample` pairs (the smallest hashes of their ids: the same whatever the scan order) and
@@ -19,7 +19,8 @@ import logging
 
 import numpy as np
 
-from ncjax import audit, fileio
+from ncjax import fileio
+from ncjax.cli import audit
 from ncjax.data.specs import WebSpec
 from ncjax.data.web import dataset as web
 from ncjax.data.web import score_files, store, subset

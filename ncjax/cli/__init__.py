@@ -1,0 +1,4 @@
+"""The commands: `ncjax` and its subcommands (`main`: train, eval, export, audit, filter, ncbench), the evaluation
+suite (`eval_suite`), the audits (`audit`, `web_audit` and its report `web_report`), NC-bench (`ncbench`) and the
+demo (`demo`). Nothing in the library imports them. `python -m ncjax.main` and `python -m ncjax.demo` still run
+them: those root modules only forward here."""
