@@ -34,13 +34,13 @@ def _fake_datasets(sizes):
 
 def statistics(read: str, per_process: int, windows: int = 1) -> dict:
   from ncjax.data.noise import PermutedNoise
-  from ncjax.data.web import pipeline as web_pipeline
+  from ncjax.data.web import noise_deal, pipeline as web_pipeline
   n = sum(SIZES)
   data = web_pipeline.WebTrainData(_fake_datasets(SIZES), None, per_process * PROCESSES, 0, None, read=read,
                                    noise=PermutedNoise(n, RATIO, seed=1), process_index=0, process_count=PROCESSES)
   g, steps = data.steps_per_window, max(16, data.steps_per_window) * windows
   t = time.perf_counter()
-  stats = web_pipeline.block_noise_statistics(data, range(g, g + steps))   # from the second window: mid-epoch
+  stats = noise_deal.block_noise_statistics(data, range(g, g + steps))   # from the second window: mid-epoch
   return dict(read=read, per_process=per_process, steps=steps, seconds=time.perf_counter() - t, **stats)
 
 

@@ -194,3 +194,12 @@ def test_no_command_module_at_the_package_root():
     assert not extra, f"ncjax/{name} is a shim of {ROOT_SHIMS[mod]} and should hold nothing else: {extra}"
     assert guarded and ROOT_SHIMS[mod] in import_graph()[f"ncjax.{mod}"], \
         f"ncjax/{name} does not forward to {ROOT_SHIMS[mod]}"
+
+
+MAX_MODULE_LINES = 650   # a newcomer's screenful of screens: a module beyond it is split along its parts
+
+
+def test_every_module_fits_the_house_limit():
+  long = {name: n for name, path in _modules().items()
+          if (n := sum(1 for _ in open(path, encoding="utf-8"))) > MAX_MODULE_LINES}
+  assert not long, f"modules over {MAX_MODULE_LINES} lines (split them along their parts): {long}"

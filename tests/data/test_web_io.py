@@ -18,7 +18,7 @@ import pytest
 
 from ncjax import fileio
 from ncjax.data import streams
-from ncjax.data.web import mixture
+from ncjax.data.web import assembly, mixture, noise_deal
 from ncjax.data.web import store
 from ncjax.data.web import dataset as web
 from ncjax.data.web import decode as web_decode
@@ -117,17 +117,17 @@ def test_block_reads_visit_every_pair_once_per_epoch_and_split_windows_between_p
   one = _data(root, batch=40, read="block", block=16, shuffle_pairs=160)
   assert one.read == "block" and one.steps_per_window == 4
   # the position stream lists every pair once per epoch; a window's steps deal out exactly the window's positions
-  assert sorted(one._ids_at(np.arange(N)).tolist()) == sorted(one._ids_at(np.arange(N, 2 * N)).tolist()) == \
+  assert sorted(one.order.ids_at(np.arange(N)).tolist()) == sorted(one.order.ids_at(np.arange(N, 2 * N)).tolist()) == \
       list(range(N))
   ids = np.concatenate([one.indices(s) for s in range(48)])          # 12 whole windows, all in epoch 0
-  assert sorted(ids.tolist()) == sorted(one._ids_at(np.arange(48 * 40)).tolist())
+  assert sorted(ids.tolist()) == sorted(one.order.ids_at(np.arange(48 * 40)).tolist())
   assert len(np.unique(ids)) == len(ids)
   window = np.concatenate([one.indices(s) for s in range(4, 8)])
   # two processes: each reads its own contiguous share of every window; together, the window's pairs
   parts = [_data(root, batch=40, read="block", block=16, shuffle_pairs=80, process_index=p, process_count=2)
            for p in range(2)]
   assert parts[0].steps_per_window == 4
-  halves = [np.concatenate([parts[p]._local_ids(s, p) for s in range(4, 8)]) for p in range(2)]
+  halves = [np.concatenate([parts[p].order.local_ids(s, p) for s in range(4, 8)]) for p in range(2)]
   assert not set(halves[0].tolist()) & set(halves[1].tolist())
   assert sorted(np.concatenate(halves).tolist()) == sorted(window.tolist())
   # a batch mixes many blocks: at most a few pairs of any one block
@@ -507,7 +507,7 @@ def test_batches_of_block_reads_keep_ncrs_statistics_at_pod_batch_sizes(per_proc
   data = parts[0]
   assert data.steps_per_window == 16                                 # the default window: 16 per-process batches
   noise = data.noise
-  stats = web_pipeline.block_noise_statistics(data, steps=range(16, 32))
+  stats = noise_deal.block_noise_statistics(data, steps=range(16, 32))
   assert stats["shown_another_image"] == pytest.approx(ratio, abs=5e-3)
   assert stats["own_image_in_batch"] == 0.0
   assert stats["median_partner_distance"] > 50_000
@@ -515,16 +515,16 @@ def test_batches_of_block_reads_keep_ncrs_statistics_at_pod_batch_sizes(per_proc
 
 
 def test_a_run_with_more_bad_records_than_max_skipped_fraction_stops_with_one_line():
-  guard = web_pipeline.SkipGuard(0.01)
+  guard = assembly.SkipGuard(0.01)
   guard.add(900, 50)                                                 # not judged before 1,000 pairs were read
-  with pytest.raises(web_pipeline.BadRecordError, match=r"51 of the 1000 web pairs .*max_skipped_fraction=0.01"):
+  with pytest.raises(assembly.BadRecordError, match=r"51 of the 1000 web pairs .*max_skipped_fraction=0.01"):
     guard.add(100, 1)
-  quiet = web_pipeline.SkipGuard(0.01)
+  quiet = assembly.SkipGuard(0.01)
   quiet.add(100_000, 1000)                                           # exactly 1%: allowed
-  strict = web_pipeline.SkipGuard(0.0)
-  with pytest.raises(web_pipeline.BadRecordError):
+  strict = assembly.SkipGuard(0.0)
+  with pytest.raises(assembly.BadRecordError):
     strict.add(40, 1)
-  web_pipeline.SkipGuard(1.0).add(10, 10)                            # 1 turns the guard off
+  assembly.SkipGuard(1.0).add(10, 10)                            # 1 turns the guard off
 
 
 def test_a_shard_rewritten_under_a_streamed_reader_is_one_error_naming_it(tmp_path):

@@ -228,7 +228,7 @@ def test_two_processes_train_on_gcs_web_data_read_in_blocks(tmp_path):
     for s in range(8):
       assert not set(parts[0][s].tolist()) & set(parts[1][s].tolist())
       for p in range(2):   # each process read its own share, as the order says for 2 processes
-        np.testing.assert_array_equal(parts[p][s], simulated[p]._local_ids(s, p))
+        np.testing.assert_array_equal(parts[p][s], simulated[p].order.local_ids(s, p))
     # stopped after step 3 and resumed: bitwise the uninterrupted 2-process run
     run(str(tmp_path / "resumed"), str(tmp_path / "ids_r"), 2, server, root, "--until_step=3")
     run(str(tmp_path / "resumed"), str(tmp_path / "ids_r"), 2, server, root)

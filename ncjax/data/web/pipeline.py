@@ -27,8 +27,8 @@ Modes (`input.web.mode`) and, indexed, how the index is read (`input.web.read`):
   caption is shown an image of the other block of its pair, and the order lists a pair's blocks together, so the
   partner's block is read anyway (the reader reads it wherever it is not: nothing is ever missing); exactly
   floor(ratio N_d) captions of each dataset are shown another image; the deal into batches
-  (`separate_own_images`) keeps each noisy caption's own image out of its global batch. `block_noise_statistics`
-  measures what the loss sees (benchmarks/web_noise.py).
+  (`noise_deal.separate_own_images`) keeps each noisy caption's own image out of its global batch;
+  `noise_deal.block_noise_statistics` measures what the loss sees (benchmarks/web_noise.py).
 * 'stream': nothing built; process p streams its own share of each epoch (ncjax.data.web.mixture: an exact partition of
   the epoch's shard list by sample counts, every pair read once per epoch over the processes) through windows of
   `input.web.window` shard segments read interleaved and a shuffle buffer of `input.web.buffer` pairs. Injected
@@ -59,13 +59,15 @@ Memory per process: the datasets' per-shard counts (S-long), the memory-mapped i
 host in the page cache), the bytes of at most two windows (block read) or `prefetch` + 2 steps (pair read), the
 prefetched batches and, streamed, one window's shuffle buffer. The mixture's composition (each dataset's exact
 share) is logged at start-up and written with every checkpoint's iterator state.
+
+Modules: this one checks the settings and wires the parts (`WebTrainData`) and keeps the resume checks; the order
+and windows are ncjax.data.web.order's, the reading units ncjax.data.web.units', the assembly of batches
+ncjax.data.web.assembly's and the noise deal ncjax.data.web.noise_deal's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 
 import jax
 import numpy as np
@@ -73,23 +75,25 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ncjax import errors
 from ncjax import fileio
+from ncjax.data.web import assembly
 from ncjax.data.web import mixture as mix_lib
+from ncjax.data.web import order as order_lib
 from ncjax.data.web import store
 from ncjax.data.web import dataset as web
 from ncjax.data.web import decode as web_decode
 from ncjax.data.web import stages as web_stages
+from ncjax.data.web.noise_deal import describe_noise
 from ncjax.data.web.stream import StreamReader
-from ncjax.data.web.stages import Unit
+from ncjax.data.web.units import Units
 from ncjax.data.noise import BlockNoise, DatasetNoise, PermutedNoise, permuted_noise
 from ncjax.data.specs import WEB_DECODERS, WEB_MODES, WEB_READS, ConceptSpec, InputSpec, NoiseSpec, WebSpec
 from ncjax.tokenizers import TokenizerSpec
-from ncjax.data.pipeline import HOST_ONLY_PREFIX, BadRecordError, batch_axes, check_batch_divisible
+from ncjax.data.pipeline import batch_axes, check_batch_divisible
 
 log = logging.getLogger("ncjax")
 
 PREFIX = "web:"
 MODES, READS, DECODERS = WEB_MODES, WEB_READS, WEB_DECODERS
-WINDOW_TAG = 0x77696E64   # 'wind'
 
 
 def is_web(dataset: str) -> bool:
@@ -175,7 +179,8 @@ def web_tokenizer(spec: TokenizerSpec, web_spec: WebSpec, datasets, saved: dict 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# units of reading: the ranged reads of some steps, and how their bytes become those steps' examples
+# the training data of a web run: its settings here; its order (ncjax.data.web.order), reading units
+# (ncjax.data.web.units) and batch assembly (ncjax.data.web.assembly) in their own modules
 # ---------------------------------------------------------------------------------------------------------------
 class WebTrainData:
   """Global batches of web-scale training pairs (the interface of ncjax.data.pipeline.TrainData that the trainer
@@ -241,11 +246,8 @@ class WebTrainData:
     self.mixture = mix_lib.Mixture(self.weights, int(mix_block) if len(self.datasets) > 1 else 1, self.seed)
     self.block = max(1, int(block))
     self.window_batches = max(1, int(window_batches))
-    # at least window_batches batches (a batch then holds ~block / window_batches pairs of a block), at most an
-    # epoch's (a window never mixes more than two epochs)
-    self.steps_per_window = max(1, min(max(math.ceil(int(shuffle_pairs) / self.local_batch_size),
-                                           self.window_batches), self.steps_per_epoch)) \
-        if self.read == "block" else 1
+    self.steps_per_window = order_lib.steps_per_window(self.read, shuffle_pairs, self.local_batch_size,
+                                                       self.window_batches, self.steps_per_epoch)
     if self.read == "pair" and isinstance(noise, (BlockNoise, DatasetNoise)):
       raise ValueError("block noise (a partner image from the paired block) goes with input.web.read='block'")
     if subset is not None and self.read == "block" and noise is not None:
@@ -276,15 +278,15 @@ class WebTrainData:
       ds.policy = self.policy
     self.max_inflight = max(1, int(max_inflight))
     self.sharding = None if mesh is None else NamedSharding(mesh, P(batch_axes(mesh)))
-    if mode == "index":
-      self.orders = [mix_lib.BlockOrder(n, self.block, self.seed, d, self._noise_part(d)) if self.read == "block"
-                     else mix_lib.EpochPermutations(n, self.seed, d) for d, n in enumerate(self.order_sizes)]
-      self.orders = [order if kept is None else _KeptOrder(order, kept) for order, kept in zip(self.orders, self.kept)]
-    else:
-      self.readers = [StreamReader(ds, mix_lib.ShardSchedule(
-          ds.counts if kept is None else kept.count_between(ds.starts), self.seed, d, self.process_index,
-          self.process_count, window, resample), buffer, kept)
-                      for d, (ds, kept) in enumerate(zip(self.datasets, self.kept))]
+    self.order = order_lib.WebOrder(self.mixture, self.offsets, self.order_sizes, self.kept, self.noise, mode=mode,
+                                    read=self.read, block=self.block, seed=self.seed,
+                                    global_batch_size=self.global_batch_size, process_index=self.process_index,
+                                    process_count=self.process_count, steps_per_window=self.steps_per_window)
+    readers = None if mode == "index" else [StreamReader(ds, mix_lib.ShardSchedule(
+        ds.counts if kept is None else kept.count_between(ds.starts), self.seed, d, self.process_index,
+        self.process_count, window, resample), buffer, kept)
+        for d, (ds, kept) in enumerate(zip(self.datasets, self.kept))]
+    self.reading = Units(self.datasets, self.order, self.kept, readers, split_gap_bytes)
     self.resample, self.window, self.buffer = bool(resample), int(window), int(buffer)
     self.shuffle_pairs = int(shuffle_pairs)
     self.last_reads = dict(requests=0, bytes=0)
@@ -301,77 +303,23 @@ class WebTrainData:
     if not 0.0 <= self.max_skipped_fraction <= 1.0:
       raise errors.ConfigurationError(f"input.web.max_skipped_fraction must be in [0, 1], got "
                                       f"{max_skipped_fraction}")
-    self._shares: dict = {}
     self.split_gap_bytes = int(split_gap_bytes)
 
-  def _noise_part(self, d: int):
-    """Dataset d's block noise (its groups are the block order's units), None without noise."""
-    if isinstance(self.noise, BlockNoise):
-      return self.noise
-    if isinstance(self.noise, DatasetNoise):
-      return self.noise.parts[d]
-    return None
-
-  # --- order ------------------------------------------------------------------------------------------------------
-  def _stream(self) -> int:
-    return 0 if self.mode == "index" else 1 + self.process_index
-
-  def _ids_at(self, positions) -> np.ndarray:
-    """Global ids of global positions of stream 0 (index mode)."""
-    datasets, ordinals = self.mixture.choose(0, np.asarray(positions, np.int64))
-    out = np.empty(len(ordinals), np.int64)
-    for d in np.unique(datasets):
-      sel = datasets == d
-      out[sel] = self.offsets[d] + self.orders[d](ordinals[sel])
-    return out
-
-  def _window_share(self, window: int, process: int) -> tuple[np.ndarray, np.ndarray]:
-    """Block read: (the ids of process `process`'s share of window `window`, in sequence order; the permutation
-    that deals them out to the window's steps — with injected noise, one that keeps each noisy caption's own image
-    out of its batch)."""
-    key = (int(window), int(process))
-    if key not in self._shares:
-      g, b, G = int(window), self.local_batch_size, self.steps_per_window
-      first = g * G * self.global_batch_size + process * G * b
-      ids = self._ids_at(first + np.arange(G * b, dtype=np.int64))
-      rng = np.random.Generator(np.random.PCG64([self.seed, g, process, self.process_count, WINDOW_TAG]))
-      perm = rng.permutation(G * b)
-      if self.noise is not None and G > 1:
-        # a group of blocks can straddle two processes' shares: which side of this share its other part lies on
-        near = [(q, self._ids_at(g * G * self.global_batch_size + q * G * b + np.arange(G * b, dtype=np.int64)))
-                for q in (process - 1, process + 1) if 0 <= q < self.process_count]
-        perm = separate_own_images(ids, perm, b, self.noise.holder_of(ids), rng, self.noise.image_of(ids),
-                                   [(q > process, other) for q, other in near])
-      if len(self._shares) >= 8:
-        self._shares.pop(next(iter(self._shares)))
-      self._shares[key] = (ids, perm)
-    return self._shares[key]
-
-  def _local_ids(self, step: int, process: int) -> np.ndarray:
-    b = self.local_batch_size
-    if self.read == "block":
-      g, k = divmod(int(step), self.steps_per_window)
-      ids, perm = self._window_share(g, process)
-      return ids[perm[k * b:(k + 1) * b]]
-    return self._ids_at(step * self.global_batch_size + process * b + np.arange(b, dtype=np.int64))
 
   def indices(self, step: int) -> np.ndarray:
     """Index mode: the global example ids of step `step`'s global batch (before bad-record substitution)."""
-    if self.mode != "index":
-      raise ValueError("the global batch's ids are known without reading only in index mode")
-    return np.concatenate([self._local_ids(step, p) for p in range(self.process_count)])
+    return self.order.indices(step)
 
   def composition(self, step: int) -> dict:
     """Each dataset's exact share and the pairs of each read before `step` (index mode: by all processes; stream
     mode: by this process)."""
-    stream = self._stream()
-    upto = step * (self.global_batch_size if self.mode == "index" else self.local_batch_size)
-    used = self.mixture.consumed(stream, upto)
+    used = self.order.consumed(step)
     share = self.mixture.counts / self.mixture.counts.sum()
     return {ds.name or str(d): dict(share=float(share[d]), pairs_read=int(used[d]),
                                     epochs=float(used[d] / max(1, self.order_sizes[d])))
             for d, ds in enumerate(self.datasets)}
 
+  # --- resume -----------------------------------------------------------------------------------------------------
   def iterator_state(self, step: int) -> dict:
     return dict(kind=f"web_{self.mode}", read=self.read, order_version=mix_lib.ORDER_VERSION, seed=self.seed,
                 next_step=int(step), steps_per_epoch=self.steps_per_epoch, global_batch_size=self.global_batch_size,
@@ -431,197 +379,11 @@ class WebTrainData:
     run on web data."""
     return None
 
-  # --- reading ----------------------------------------------------------------------------------------------------
-  def _locate(self, gid: int) -> tuple[int, int]:
-    d = int(np.searchsorted(self.offsets, gid, side="right") - 1)
-    return d, int(gid - self.offsets[d])
 
-  def _describe(self, gid: int) -> str:
-    d, j = self._locate(gid)
-    ds = self.datasets[d]
-    s, k = ds.locate(j)
-    return f"{ds.shards[int(s)]} sample {int(k)}"
-
-  def _runs(self, gids) -> list:
-    """(dataset, ranges per shard touched) of runs of consecutive global ids, each within one dataset."""
-    out = []
-    for first, last in gids:
-      d, j = self._locate(first)
-      ds = self.datasets[d]
-      for s, a, b_, lo, n in ds.index.run_ranges(ds, j, j + (last - first)):
-        out.append((d, s, a, b_, lo, n, store.Range(ds.shards[s], a, b_, ds.version_of(s))))
-    return out
-
-  def _cut(self, d: int, first: int, last: int) -> list[tuple[int, int]]:
-    """Dataset d's ids [first, last] (a filtered block) as [start, end) spans of ids: one, unless the unread bytes
-    between two consecutive kept pairs exceed input.web.split_gap_bytes, where the span is cut in two."""
-    ds, kept = self.datasets[d], self.kept[d]
-    ids = np.flatnonzero(kept.flags(first, last + 1)) + first
-    if len(ids) < 2 or self.split_gap_bytes <= 0:
-      return [(first, last + 1)]
-    offsets = np.asarray(ds.index.offsets[np.minimum(np.concatenate([ids, ids + 1]), ds.num_examples - 1)],
-                         np.int64)
-    starts, ends = offsets[:len(ids)], offsets[len(ids):]
-    missing = int(ds.index.missing)
-    gap = starts[1:] - ends[:-1]                       # bytes from the end of one kept pair to the next one's start
-    shard = np.searchsorted(ds.starts, ids, side="right")
-    cut = (gap > self.split_gap_bytes) & (starts[1:] != missing) & (ends[:-1] != missing) & \
-        (shard[1:] == shard[:-1])                     # (across a shard's end the run is split anyway)
-    bounds = np.flatnonzero(cut) + 1
-    pieces = np.split(ids, bounds)
-    return [(int(p[0]), int(p[-1]) + 1) for p in pieces]
-
-  def _single_runs(self, gids: np.ndarray) -> list:
-    """_runs of single ids, computed for all of them at once (read 'pair': a step's ids in one pass)."""
-    out = []
-    dsets = np.searchsorted(self.offsets, gids, side="right") - 1
-    for d in np.unique(dsets):
-      ds = self.datasets[d]
-      local = gids[dsets == d] - self.offsets[d]
-      shards, starts, ends = ds.index.sample_ranges(ds, local)
-      for j, s, a, b_ in zip(local.tolist(), shards.tolist(), starts.tolist(), ends.tolist()):
-        if a >= 0:   # a sample its tar lacks is not read (it reads as a bad record)
-          out.append((int(d), s, a, b_, j, 1, store.Range(ds.shards[s], a, b_, ds.version_of(s))))
-    return out
-
-  def _samples_of(self, runs, raw) -> dict:
-    """{global id: Sample} from the bytes of `runs`."""
-    out = {}
-    for (d, s, a, _, lo, n, _), data in zip(runs, raw):
-      ds = self.datasets[d]
-      for j, sample in web.parse_run(ds, s, a, lo, n, data).items():
-        sample.id = int(self.offsets[d] + j)
-        out[sample.id] = sample
-    return out
-
-  def _missing(self, gid: int) -> web.Sample:
-    d, j = self._locate(gid)
-    return web.Sample(gid, bad=self.datasets[d]._missing_reason(j))
-
-  def _spec(self, gid: int, partner: int, samples: dict, crop: tuple) -> web_decode.ExampleSpec:
-    """The example of caption `gid` shown with the image of pair `partner` (itself unless the noise says another)."""
-    d, _ = self._locate(gid)
-    sample = samples.get(gid) or self._missing(gid)
-    image = sample if partner == gid else (samples.get(partner) or self._missing(partner))
-    bad = sample.bad or (f"the image of pair {image.id} (shown with this caption by the noise): {image.bad}"
-                         if image.bad else "")
-    own = self.datasets[d].own_clean(sample) if not bad else True
-    return web_decode.ExampleSpec(int(gid), sample.caption, image.image, crop, bool(own and image is sample), bad)
-
-  def _pair_unit(self, step: int) -> Unit:
-    """Read 'pair': one step, one ranged read per pair and per noisy pair's partner."""
-    first = self.process_index * self.local_batch_size
-    ids = self._local_ids(step, self.process_index)
-    partners = self.noise.image_of(ids) if self.noise is not None else ids   # the whole batch at once
-    wanted = np.unique(np.concatenate([ids, partners]))
-    runs = self._single_runs(wanted)
-
-    def build(raw):
-      samples = self._samples_of(runs, raw)
-      return [[self._spec(int(g), int(p), samples, (self.seed, step, first + k))
-               for k, (g, p) in enumerate(zip(ids.tolist(), partners.tolist()))]]
-
-    return Unit([step], [r[-1] for r in runs], build)
-
-  def _block_unit(self, window: int, start: int, stop: int) -> Unit:
-    """Read 'block': the steps of window `window` in [start, stop), from this process's share of the window, each
-    block it touches read whole with one request (two where it crosses a shard's end)."""
-    G, b = self.steps_per_window, self.local_batch_size
-    first = self.process_index * b
-    ids, perm = self._window_share(window, self.process_index)
-    steps = [s for s in range(window * G, (window + 1) * G) if start <= s < stop]
-    used = np.concatenate([ids[perm[(s - window * G) * b:(s - window * G + 1) * b]] for s in steps])
-    if self.noise is not None:   # the partners' blocks: mostly read anyway (the order lists a group's blocks together)
-      used = np.unique(np.concatenate([used, self.noise.image_of(used)]))
-    spans = []
-    for d in np.unique(np.searchsorted(self.offsets, used, side="right") - 1):
-      local = used[(used >= self.offsets[d]) & (used < self.offsets[d + 1])] - self.offsets[d]
-      kept = self.kept[d]
-      if kept is None:
-        for blk in np.unique(local // self.block):
-          lo = int(self.offsets[d] + blk * self.block)
-          spans.append((lo, int(min(lo + self.block, self.offsets[d + 1]))))
-      else:   # a block of consecutive kept ranks: the ids from its first to its last kept pair, one request —
-        # cut where the bytes between two kept pairs are worth more than a request (input.web.split_gap_bytes)
-        blocks = np.unique(kept.rank(local) // self.block)
-        firsts = kept.select(blocks * self.block)
-        lasts = kept.select(np.minimum((blocks + 1) * self.block, kept.kept) - 1)
-        for lo, hi in zip(firsts.tolist(), lasts.tolist()):
-          spans.extend((int(self.offsets[d] + x), int(self.offsets[d] + y)) for x, y in self._cut(d, lo, hi))
-    runs = self._runs(spans)
-
-    def build(raw):
-      samples = self._samples_of(runs, raw)
-      out = []
-      for s in steps:
-        batch = ids[perm[(s - window * G) * b:(s - window * G + 1) * b]]
-        partners = self.noise.image_of(batch) if self.noise is not None else batch
-        out.append([self._spec(int(g), int(p), samples, (self.seed, s, first + k))
-                    for k, (g, p) in enumerate(zip(batch, partners))])
-      return out
-
-    return Unit(steps, [r[-1] for r in runs], build)
-
-  def _stream_unit(self, step: int) -> Unit:
-    first, b = self.process_index * self.local_batch_size, self.local_batch_size
-    positions = step * b + np.arange(b, dtype=np.int64)
-
-    def build(raw):
-      del raw
-      datasets, ordinals = self.mixture.choose(self._stream(), positions)
-      specs = []
-      for k, (d, q) in enumerate(zip(datasets, ordinals)):
-        sample = self.readers[d].take(int(q))
-        gid = int(self.offsets[d] + sample.id)
-        sample.id = gid
-        specs.append(self._spec(gid, gid, {gid: sample}, (self.seed, step, first + k)))
-      return [specs]
-
-    return Unit([step], [], build)
-
-  def units(self, start_step: int, stop_step: int):
-    """The units of steps [start_step, stop_step), in order."""
-    if self.mode == "stream":
-      for s in range(start_step, stop_step):
-        yield self._stream_unit(s)
-    elif self.read == "pair":
-      for s in range(start_step, stop_step):
-        yield self._pair_unit(s)
-    else:
-      G = self.steps_per_window
-      for g in range(start_step // G, (stop_step - 1) // G + 1 if stop_step > start_step else 0):
-        yield self._block_unit(g, start_step, stop_step)
-
+  # --- assembly ---------------------------------------------------------------------------------------------------
   def assemble(self, step: int, specs: list, decoded) -> dict:
-    """This process's host batch of `step` from its decoded examples: a bad one counted and replaced by the next
-    usable example of the batch (cyclically), or raised with input.on_bad_record='raise'."""
-    images, tokens, errors = decoded
-    b = len(specs)
-    good = [k for k in range(b) if errors[k] is None]
-    bad = [k for k in range(b) if errors[k] is not None]
-    if bad and self.on_bad_record == "raise":
-      k = bad[0]
-      raise BadRecordError(f"bad training record id {specs[k].id} ({self._describe(specs[k].id)}): {errors[k]}")
-    if not good:
-      raise BadRecordError(f"step {step}: none of this process's {b} pairs is usable (e.g. id {specs[0].id}: "
-                           f"{errors[0]})")
-    source = np.arange(b)
-    for k in bad:
-      later = [g for g in good if g > k]
-      source[k] = later[0] if later else good[0]
-      log.debug("bad web record id %d: %s", specs[k].id, errors[k])
-    ids = np.asarray([specs[k].id for k in source], np.int32)
-    clean = np.asarray([specs[k].clean for k in source], np.bool_)
-    if bad:
-      images, tokens = images[source], tokens[source]
-    return dict(image=images, tokens=tokens, id=ids, clean=clean, _skipped=np.asarray(len(bad), np.int32))
-
-  def _decoder(self):
-    context = self.tokenizer.context_length
-    if self.workers > 0:
-      settings = dataclasses.replace(self.settings, tokenizer_json=self.tokenizer.to_json())
-      return web_decode.ProcessDecoder(settings, self.workers, buffers=self.prefetch + 3), context
-    return web_decode.ThreadDecoder(self.settings, self.tokenizer, self.num_threads), context
+    """This process's host batch of `step` from its decoded examples (ncjax.data.web.assembly.assemble)."""
+    return assembly.assemble(step, specs, decoded, self.on_bad_record, self.reading.describe)
 
   def host_batch(self, step: int) -> dict:
     """This process's part of the global batch of `step`, read and decoded now (tests, tools)."""
@@ -631,7 +393,8 @@ class WebTrainData:
     """This process's host batches for steps [start_step, stop_step): the reads of the next units in flight, each
     step's examples made by the decoder, `prefetch` batches ahead (ncjax.data.web.stages)."""
     reader = store.RangeReader(self.policy, max_inflight=self.max_inflight, local_threads=min(64, self.max_inflight))
-    decoder, context = self._decoder()
+    decoder, context = assembly.make_decoder(self.settings, self.tokenizer, workers=self.workers,
+                                             num_threads=self.num_threads, prefetch=self.prefetch)
 
     def on_close():
       self.last_reads = dict(requests=reader.requests, bytes=reader.bytes)
@@ -642,18 +405,17 @@ class WebTrainData:
       pending = decoder.submit(specs, context)
       return web_decode.Deferred(lambda: self.assemble(step, specs, pending.result()))
 
-    yield from web_stages.run(self.units(start_step, stop_step), reader.submit, start_batch,
+    yield from web_stages.run(self.reading.units(start_step, stop_step), reader.submit, start_batch,
                               prefetch=self.prefetch, readahead=2 if self.read == "block" else self.prefetch + 2,
                               on_close=on_close)
 
   def to_global(self, host: dict) -> dict:
-    return {k: jax.make_array_from_process_local_data(self.sharding, v, (self.global_batch_size,) + v.shape[1:])
-            for k, v in host.items() if not k.startswith(HOST_ONLY_PREFIX)}
+    return assembly.to_global(host, self.sharding, self.global_batch_size)
 
   def batches(self, start_step: int, stop_step: int):
     """Yields (global batch arrays, example ids, host statistics) per step (the ids: this process's part unless
     there is one process)."""
-    guard = SkipGuard(self.max_skipped_fraction)
+    guard = assembly.SkipGuard(self.max_skipped_fraction)
     for host in self.host_batches(start_step, stop_step):
       stats = {"skipped_records": int(host["_skipped"])}
       guard.add(len(host["id"]), stats["skipped_records"])
@@ -662,134 +424,6 @@ class WebTrainData:
   def global_batch(self, step: int):
     arrays, ids, _ = next(self.batches(step, step + 1))
     return arrays, ids
-
-
-class SkipGuard:
-  """input.web.max_skipped_fraction: stop the run, in one line, once more than this fraction of the pairs read
-  since it started were bad records (each replaced by a repeat) — a fault of this size is a bug to fix or data to
-  repair, never a quiet change of what is trained. Judged once 10 / fraction pairs were read (1,000 at the default
-  0.01), so that one bad record early on does not stop a run; fraction 0 stops at the first."""
-
-  def __init__(self, fraction: float):
-    self.fraction, self.read, self.skipped = float(fraction), 0, 0
-    self.after = 1 if self.fraction == 0 else math.ceil(10 / self.fraction)
-
-  def add(self, pairs: int, skipped: int) -> None:
-    self.read += int(pairs)
-    self.skipped += int(skipped)
-    if self.fraction < 1 and self.read >= self.after and self.skipped > self.fraction * self.read:
-      raise BadRecordError(f"{self.skipped} of the {self.read} web pairs read since the run started were bad records "
-                           f"({100 * self.skipped / self.read:.2f}% > input.web.max_skipped_fraction="
-                           f"{self.fraction:g}), each replaced by a repeat: input.on_bad_record='raise' names the "
-                           f"first one; repair or re-index the data, or raise input.web.max_skipped_fraction")
-
-
-def separate_own_images(ids: np.ndarray, perm: np.ndarray, b: int, holder: np.ndarray, rng: np.random.Generator,
-                        image: np.ndarray | None = None, neighbours=()) -> np.ndarray:
-  """A deal of a window's pairs into batches of b (batch k: ids[perm[k b:(k+1) b]]) in which no noisy caption
-  meets its own image: pair i's image is shown with caption holder[i] (and i's caption with image[i]'s image), so
-  i and holder[i] go to different batches. Each conflict of the random deal `perm` moves the holder to a random slot
-  of another batch, swapping it with a pair that has no conflict there. A pair whose holder or partner lies in
-  another process's share of the window (`neighbours`: (is that process after this one, its share's ids)) goes to
-  an odd batch if that process comes after this one, else to an even one — the other process puts it on the
-  opposite parity, so the two never share a global batch. Needs three batches or more per window."""
-  n = len(ids)
-  order = np.argsort(ids, kind="stable")
-  sorted_ids = ids[order]
-
-  def index_of(values):
-    pos = np.minimum(np.searchsorted(sorted_ids, values), n - 1)
-    return np.where(sorted_ids[pos] == values, order[pos], -1)
-
-  moved = holder != ids
-  hidx = np.where(moved, index_of(holder), -1)         # the index of the caption showing i's image
-  shown = np.full(n, -1, np.int64)
-  shown[hidx[hidx >= 0]] = np.flatnonzero(hidx >= 0)    # the index of the pair whose image i's caption shows
-  parity = np.full(n, -1, np.int64)                    # the batch parity a pair must have (-1: any)
-  if image is not None:
-    for after, other in neighbours:
-      outside = np.isin(holder, other) | np.isin(image, other)
-      parity[moved & outside] = 1 if after else 0
-  slot = np.empty(n, np.int64)
-  slot[perm] = np.arange(n)
-  perm = perm.copy()
-  G = n // b
-
-  def fits(i, k):
-    """May pair i sit in batch k (its neighbours where they are now, its parity)?"""
-    if parity[i] >= 0 and G > 1 and k % 2 != parity[i]:
-      return False
-    return not any(j >= 0 and slot[j] // b == k for j in (hidx[i], shown[i]))
-
-  def relocate(x):
-    """Swap pair x into a random slot of another batch where both it and the pair it displaces fit."""
-    for _ in range(256):
-      s_new = int(rng.integers(n))
-      e = int(perm[s_new])
-      old = slot[x] // b
-      if s_new // b == old or e in (hidx[x], shown[x]):
-        continue
-      slot[x], slot[e] = s_new, slot[x]
-      if fits(x, s_new // b) and fits(e, old):
-        perm[slot[x]], perm[slot[e]] = x, e
-        return
-      slot[x], slot[e] = slot[e], s_new   # undo
-
-  for x in np.flatnonzero((parity >= 0) & ((slot // b) % 2 != parity)).tolist():
-    if G > 1 and (slot[x] // b) % 2 != parity[x]:
-      relocate(x)
-  batch_of = slot // b
-  conflicts = np.flatnonzero((hidx >= 0) & (batch_of == np.where(hidx >= 0, batch_of[np.maximum(hidx, 0)], -1)))
-  for i in conflicts.tolist():
-    x = int(hidx[i])
-    if slot[x] // b == slot[i] // b:
-      relocate(x if parity[x] < 0 or parity[i] >= 0 else i)
-  return perm
-
-
-def block_noise_statistics(data: "WebTrainData", steps) -> dict:
-  """What the loss sees of injected noise over the global batches of `steps` (index mode, any read), with the real
-  order code: the share of captions shown another pair's image (in those batches, and exactly over the data), how
-  far (in ids: shard neighbours are close) a noisy caption's partner lies, and how often a noisy caption's own
-  image is in its batch (shown with another caption: an in-batch negative NCR's protocol almost never makes)."""
-  noise = data.noise
-  shown, distance, own, total = 0, [], 0, 0
-  for s in steps:
-    ids = data.indices(int(s))
-    image = noise.image_of(ids)
-    noisy = image != ids
-    total += len(ids)
-    shown += int(noisy.sum())
-    distance.append(np.abs(image - ids)[noisy])
-    own += int(np.isin(noise.holder_of(ids[noisy]), ids).sum())
-  distance = np.concatenate(distance) if distance else np.zeros(0, np.int64)
-  return dict(shown_another_image=shown / max(1, total), exact=noise.num_noisy / data.num_examples,
-              median_partner_distance=float(np.median(distance)) if distance.size else 0.0,
-              own_image_in_batch=own / max(1, shown), pairs=total)
-
-
-def describe_noise(noise) -> str:
-  """One line: the injected noise's protocol and parameters (logged at start-up; the checkpoint keeps its spec)."""
-  if isinstance(noise, DatasetNoise):
-    return "; ".join(f"dataset {d}: {describe_noise(p) if p is not None else 'none'}"
-                     for d, p in enumerate(noise.parts))
-  if isinstance(noise, BlockNoise):
-    return (f"NCR's caption shuffle in paired blocks of {noise.block} (a noisy caption shows an image of the other "
-            f"block of its group, read with it), {noise.num_noisy} of {noise.n} captions (ratio {noise.ratio:g}, "
-            f"derangement), seed {noise.seed}, kept out of the caption's own image's batch")
-  return (f"NCR's caption shuffle over the whole dataset, {noise.num_noisy} of {noise.n} captions (ratio "
-          f"{noise.ratio:g}{', derangement' if noise.derangement else ''}), seed {noise.seed}")
-
-
-class _KeptOrder:
-  """A filtered dataset's order: the unfiltered order's permutation over the kept ranks, then the kept id of each
-  rank (ncjax.data.web.subset.KeptSet.select)."""
-
-  def __init__(self, order, kept):
-    self.order, self.kept = order, kept
-
-  def __call__(self, ordinals) -> np.ndarray:
-    return self.kept.select(self.order(ordinals))
 
 
 def train_data(spec: InputSpec, noise: NoiseSpec, concept: ConceptSpec, tokenizer: TokenizerSpec, *,
