@@ -56,8 +56,8 @@ FINDINGS = """
    keeps every block's float32 probabilities (B x heads x 197 x 197: 238 MB per image block at 128 pairs per chip,
    the largest arrays of the program) and writes and re-reads them several times. `model.attention='recompute'`
    (what 'auto' picks on a TPU) keeps q, k, v, the output and two float32 numbers per row (maximum, 1 / sum), and
-   recomputes the probabilities in the backward, rounded to bf16 as the forward's were for p v; its blocks also
-   recompute the MLP's activation from its stored pre-activation. The sections below give its traffic by part,
+   recomputes the probabilities in the backward, rounded to bf16 as the forward's were for p v. The sections below
+   give its traffic by part,
    against the einsum attention and against a stand-in that removes the attention core entirely (the floor).
 """
 

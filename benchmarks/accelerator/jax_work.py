@@ -358,7 +358,8 @@ class MemoryWorker:
   without rematerialisation, from compiled programs' memory analyses. A program's footprint grows linearly with the
   batch, so two compiles give a line (remat off: section a's two batches at the kind 'auto' picks, read from its
   workers' records; remat on: compiled here); each line's prediction at the device's limit and 90% of it are then
-  compiled together, and the larger that fits is the answer: at most six compiles in three waves. Turn: the NCU
+  compiled together (the smoke run: the prediction only), and the larger that fits is the answer: at most six
+  compiles in three waves. Turn: the NCU
   loss timings, one real step at each batch found."""
 
   def __init__(self, rec: record.Recorder, sizes: record.Sizes, workdir: str, *, wait_for_a_s: float):
@@ -420,7 +421,7 @@ class MemoryWorker:
     slope = (points[self.b2] - points[self.b1]) / (self.b2 - self.b1)
     intercept = points[self.b1] - slope * self.b1
     predicted = _batch_at(slope, intercept, self.limit, self.n_dev)
-    batches = sorted({predicted, max(8, int(0.9 * predicted) // 8 * 8)})
+    batches = sorted({max(8, int(f * predicted) // 8 * 8) for f in self.sizes.candidates})
     found = dict(slope=slope, intercept=intercept, predicted=predicted, tried={})
     if not self.rec.fits("compile"):
       found["error"] = record.NOT_RUN_TIME

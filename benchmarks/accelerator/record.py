@@ -33,6 +33,7 @@ class Sizes:
   rounds: int
   warmup: int
   methods: tuple[str, ...] | None = None   # section e's methods (benchmarks/steps.py's names); None: all
+  candidates: tuple[float, ...] = (1.0, 0.9)   # section d: fractions of each line's predicted batch compiled
 
 
 GPU_SIZES = Sizes(model="ViT-B/16", batches=(256, 512), methods_batch=256, ncu_sizes=(2048, 8192, 32768),
@@ -40,7 +41,8 @@ GPU_SIZES = Sizes(model="ViT-B/16", batches=(256, 512), methods_batch=256, ncu_s
 # The smoke run's section e keeps the methods whose steps differ most from CLIP's (two stages with an empty first,
 # Lorentz geometry with N + N forget / retain batches): every compile costs seconds on two cores.
 SMOKE_SIZES = Sizes(model="micro", batches=(8, 16), methods_batch=16, ncu_sizes=(64, 128), ncu_check=64,
-                    matmul=256, steps=2, rounds=2, warmup=1, methods=("CLIP", "NCU (stage 2)", "HAC-reg"))
+                    matmul=256, steps=2, rounds=2, warmup=1, methods=("CLIP", "NCU (stage 2)", "HAC-reg"),
+                    candidates=(1.0,))
 
 
 class Recorder:

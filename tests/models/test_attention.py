@@ -192,8 +192,7 @@ def test_cudnn_where_it_cannot_run_is_one_line_naming_why(kwargs, needle, monkey
 
 
 def test_the_recomputing_block_gives_the_einsum_blocks_values_and_gradients():
-  """A whole residual stack under 'recompute' (its attention's backward and its MLP's activation recomputed) is the
-  einsum stack's function, gradients included."""
+  """A whole residual stack under 'recompute' is the einsum stack's function, gradients included."""
   from ncjax.models.layers import Transformer
   x, key_mask = _inputs()
   out = {}
