@@ -16,8 +16,9 @@ Sections, in priority order:
 
 How they run is the plan's (plan.py): every worker prepares at once in its own process (JAX takes most of the GPU's
 memory when it starts, so torch never shares a process with it, and a worker that crashes the device runtime takes
-no other with it); then the workers take turns on the GPU in priority order, the orchestrator telling each when
-(`go`) or that its turn no longer fits (`skip`). A measurement that does not happen for want of time reads
+no other with it); then the workers take turns on the GPU, the orchestrator telling each when (`go`) or that its
+turn no longer fits (`skip`): the highest-priority worker that is ready goes next, so a slow preparation delays
+no later worker's turn, and only lack of time drops a worker, the lowest priorities first. A measurement that does not happen for want of time reads
 "not run (time)", never "failed". Every row goes to OUT/rows.jsonl as it is measured and the table (OUT/
 accelerator.md) is rewritten after every turn, so a call cut short keeps what it measured; the workers' logs go to
 the logs folder, archived into OUT/logs.tar.gz: OUT holds four files (the device tool returns at most 8).
@@ -200,21 +201,53 @@ def measure(out: str, logs: str, sections: list[str], smoke: bool, budget_s: flo
   def gone(name: str) -> bool:
     return "+".join(process_of[name].names) in exited
 
-  for w in chosen:
+  pending = list(chosen)
+  decided: dict[str, str] = {}
+  told = {id(p): 0 for p in processes}
+
+  def decide(name: str, word: str) -> None:
+    """`go` or `skip` for a worker; each process hears its workers' decisions in its own order."""
+    decided[name] = word
+    proc = process_of[name]
+    while told[id(proc)] < len(proc.names) and proc.names[told[id(proc)]] in decided:
+      nxt = proc.names[told[id(proc)]]
+      proc.tell(decided[nxt], nxt)
+      told[id(proc)] += 1
+
+  def eligible(w) -> bool:
+    """Ready, what its turn reads already measured, and every worker before it in its process done with."""
+    names = {p.name for p in pending}
+    before = process_of[w.name].names[:process_of[w.name].names.index(w.name)]
+    return w.name in ready and not (set(w.turn_after) | set(before)) & names
+
+  def leaves_room(w) -> bool:
+    """Whether w's turn, taken now, still leaves time for the turns of the higher-priority workers waiting."""
+    higher = [p for p in pending[:pending.index(w)]]
+    return time.time() + sum(outcome[p.name]["planned_turn_s"] for p in higher + [w]) <= deadline
+
+  while pending:
+    for w in list(pending):   # a turn that can no longer fit, or whose process ended, is cut
+      turn_s = outcome[w.name]["planned_turn_s"]
+      if gone(w.name) and w.name not in ready:
+        outcome[w.name]["status"] = "failed: its process ended while preparing"
+        outcome[w.name]["tail"] = process_of[w.name].tail
+      elif time.time() > deadline - turn_s:
+        outcome[w.name]["status"] = record.NOT_RUN_TIME
+      else:
+        continue
+      pending.remove(w)
+      decide(w.name, "skip")
+    # the GPU goes to the highest-priority worker that can take it: the plan's order where each is ready in time,
+    # and no waiting on a slow preparation while a later worker's is done
+    w = next((w for w in pending if eligible(w) and leaves_room(w)), None)
+    if w is None:
+      if pending:
+        drain(1.0)
+      continue
+    pending.remove(w)
     proc = process_of[w.name]
-    turn_s = outcome[w.name]["planned_turn_s"]
-    while w.name not in ready and not gone(w.name) and time.time() < deadline - turn_s:
-      drain(deadline - turn_s - time.time())
-    if w.name not in ready:
-      outcome[w.name]["status"] = record.NOT_RUN_TIME if not gone(w.name) else "failed: its process ended"
-      proc.tell("skip", w.name)
-      continue
-    if time.time() > deadline - turn_s:
-      outcome[w.name]["status"] = record.NOT_RUN_TIME
-      proc.tell("skip", w.name)
-      continue
     began = time.time()
-    proc.tell("go", w.name)
+    decide(w.name, "go")
     while w.name not in done and not gone(w.name) and time.time() < deadline + plan_lib.GRACE_S:
       drain(deadline + plan_lib.GRACE_S - time.time())
     outcome[w.name]["turn_s"] = time.time() - began

@@ -72,6 +72,7 @@ class Worker:
   after: tuple[str, ...] = ()
   after_wait: tuple[tuple[str, float], ...] = ()
   covers: tuple[str, ...] = ()                  # the sections it measures, if more than its own
+  turn_after: tuple[str, ...] = ()              # workers whose turns' rows its turn reads
 
   def measures(self, sections) -> bool:
     return any(s in sections for s in (self.section,) + self.covers)
@@ -104,10 +105,11 @@ def workers(*, smoke: bool = False, kinds: int = 3, methods: int = 8) -> list[Wo
              prepare=_programs(2, init=False) + _programs(2, init=False), after=("a256", "a512"),
              after_wait=_programs(2, init=False), turn=(("ncu_jax", 1), ("init", 1), ("steps_large", 1)),
              covers=("c",)),
-      Worker("e1", "e", "jax", "every method's step vs CLIP's (first half)",
-             prepare=_programs(half, init=False), turn=(("init", half), ("timing", half))),
-      Worker("e2", "e", "jax", "every method's step vs CLIP's (second half)",
-             prepare=_programs(rest - half, init=False), turn=(("init", rest - half), ("timing", rest - half))),
+      # e's reference is CLIP's step as section a timed it
+      Worker("e1", "e", "jax", "every method's step vs CLIP's (first half)", prepare=_programs(half, init=False),
+             turn=(("init", half), ("timing", half)), turn_after=("a256", "a512")),
+      Worker("e2", "e", "jax", "every method's step vs CLIP's (second half)", prepare=_programs(rest - half, init=False),
+             turn=(("init", rest - half), ("timing", rest - half)), turn_after=("a256", "a512")),
   ]
 
 
@@ -148,13 +150,22 @@ def schedule(total_s: float, *, smoke: bool = False, sections=("a", "b", "c", "d
     if w.after_wait:
       waits = max((compiled.get(a, start) for a in w.after), default=start)
       ready[w.name] = max(ready[w.name], waits + phase_seconds(w.after_wait, seconds))
-  steps, clock = [], 0.0
-  for w in chosen:
+  budget = total_s - setup_s - seconds["finalize"] - tests_min_s
+  steps, clock, pending, finished = [], 0.0, list(chosen), {}
+  while pending:   # as bench.py runs them: the highest-priority worker that is ready (and whose inputs are) goes
+    def room(w, at):   # its turn at `at` leaves the higher-priority waiting workers their turns
+      higher = pending[:pending.index(w)]
+      return at + sum(phase_seconds(p.turn, seconds) for p in higher + [w]) <= budget
+    fits = [w for w in pending if all(a in finished or a not in ready for a in w.turn_after)]
+    fits = [w for w in fits if room(w, max(clock, ready[w.name])) or w is pending[0]]
+    w = min(fits, key=lambda w: (max(clock, ready[w.name]), chosen.index(w)))
     begin = max(clock, ready[w.name])
     end = begin + phase_seconds(w.turn, seconds)
     steps.append(Step(w, ready[w.name], begin, end))
-    clock = end
-  budget = total_s - setup_s - seconds["finalize"]
+    clock = finished[w.name] = end
+    pending.remove(w)
+  steps.sort(key=lambda s: chosen.index(s.worker))
+  budget += tests_min_s
   left_out = []
   while steps and [s for s in steps if not s.left_out] and \
       max(s.end for s in steps if not s.left_out) > budget - tests_min_s:
@@ -190,7 +201,7 @@ def render(plan: dict) -> str:
   lines.append("  prepare, every worker at once in its own process (ready at, from the measurements' start):")
   for s in plan["steps"]:
     lines.append(f"    {s.worker.name:<5} {s.worker.section}  {s.worker.title:<60} ready at {s.ready:>4.0f} s")
-  lines.append("  turns on the GPU, one at a time in priority order (start -> end):")
+  lines.append("  turns on the GPU, one at a time, the highest-priority ready worker first (start -> end):")
   for s in plan["steps"]:
     mark = "LEFT OUT" if s.left_out else f"{s.start:>4.0f} -> {s.end:>4.0f} s"
     lines.append(f"    {s.worker.name:<5} {s.worker.section}  {s.worker.title:<60} {mark}")
