@@ -167,8 +167,9 @@ class _Process:
 
 
 def measure(out: str, logs: str, sections: list[str], smoke: bool, budget_s: float) -> int:
-  """Runs the plan's workers: every process prepares at once, then the turns in priority order, each when its
-  worker is ready and its turn still fits before the deadline. The table is rewritten after every turn."""
+  """Runs the plan's workers: every process prepares at once, then the turns, one at a time: the highest-priority
+  worker that is ready and whose turn leaves the waiting higher priorities their time; a turn that can no longer
+  fit before the deadline is cut. The table is rewritten after every turn."""
   os.makedirs(out, exist_ok=True)
   os.makedirs(logs, exist_ok=True)
   for name in (record.ROWS_FILE, "accelerator.md", "accelerator.json"):
@@ -202,6 +203,7 @@ def measure(out: str, logs: str, sections: list[str], smoke: bool, budget_s: flo
     return "+".join(process_of[name].names) in exited
 
   pending = list(chosen)
+  stopped = set()   # processes stopped at the time limit
   decided: dict[str, str] = {}
   told = {id(p): 0 for p in processes}
 
@@ -228,8 +230,11 @@ def measure(out: str, logs: str, sections: list[str], smoke: bool, budget_s: flo
   while pending:
     for w in list(pending):   # a turn that can no longer fit, or whose process ended, is cut
       turn_s = outcome[w.name]["planned_turn_s"]
-      if gone(w.name) and w.name not in ready:
-        outcome[w.name]["status"] = "failed: its process ended while preparing"
+      if id(process_of[w.name]) in stopped:   # its process was stopped at the time limit in another's turn
+        outcome[w.name]["status"] = record.NOT_RUN_TIME
+        outcome[w.name]["note"] = "its process was stopped at the time limit"
+      elif gone(w.name):
+        outcome[w.name]["status"] = "failed: its process ended" + ("" if w.name in ready else " while preparing")
         outcome[w.name]["tail"] = process_of[w.name].tail
       elif time.time() > deadline - turn_s:
         outcome[w.name]["status"] = record.NOT_RUN_TIME
@@ -258,6 +263,7 @@ def measure(out: str, logs: str, sections: list[str], smoke: bool, budget_s: flo
       outcome[w.name]["tail"] = proc.tail
     else:   # past the deadline: stopped, and what it had not measured is a budget cut, not a failure
       proc.kill()
+      stopped.add(id(proc))
       outcome[w.name]["status"] = record.NOT_RUN_TIME
       outcome[w.name]["note"] = f"stopped at the time limit after {time.time() - began:.0f} s of its turn"
     write_table(out, logs, smoke, sections, budget_s, start, outcome)

@@ -50,17 +50,17 @@ if (( PLAN )); then   # pure Python: no jax needed to plan
     ${CALIBRATE:+--calibrate "$CALIBRATE"}
 fi
 
+if ! "$PY" -c 'import jax' >/dev/null 2>&1; then
+  echo "run.sh: $PY ($(command -v "$PY" || echo 'not found')) cannot import jax; name the interpreter that can:" \
+       "PYTHON=/path/to/python3 bash $0" >&2
+  exit 2
+fi
 if (( ! SMOKE )) && compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --upgrade \
     --target /tmp/site .whl/*.whl \
     || echo "run.sh: installing .whl/ failed; going on with what the image has" >&2
   # after the repository, before the image's own site-packages: the wheels only add what the image lacks
   export PYTHONPATH=$REPO:/tmp/site
-fi
-if ! "$PY" -c 'import jax' >/dev/null 2>&1; then
-  echo "run.sh: $PY ($(command -v "$PY" || echo 'not found')) cannot import jax; name the interpreter that can:" \
-       "PYTHON=/path/to/python3 bash $0" >&2
-  exit 2
 fi
 
 OUT_DIR=${OUT_DIR:-bench_results/accelerator}
