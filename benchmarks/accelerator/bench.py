@@ -253,8 +253,8 @@ def measure(out: str, logs: str, sections: list[str], smoke: bool, budget_s: flo
     proc = process_of[w.name]
     began = time.time()
     decide(w.name, "go")
-    while w.name not in done and not gone(w.name) and time.time() < deadline + plan_lib.GRACE_S:
-      drain(deadline + plan_lib.GRACE_S - time.time())
+    while w.name not in done and not gone(w.name) and time.time() < deadline + plan_lib.GRACE_S[smoke]:
+      drain(deadline + plan_lib.GRACE_S[smoke] - time.time())
     outcome[w.name]["turn_s"] = time.time() - began
     if w.name in done:
       outcome[w.name]["status"] = "ok"
@@ -269,7 +269,7 @@ def measure(out: str, logs: str, sections: list[str], smoke: bool, budget_s: flo
     write_table(out, logs, smoke, sections, budget_s, start, outcome)
   for proc in processes:   # every worker had its turn or was skipped: the processes end on their own
     try:
-      proc.proc.wait(timeout=max(1.0, deadline + plan_lib.GRACE_S - time.time()))
+      proc.proc.wait(timeout=max(1.0, deadline + plan_lib.GRACE_S[smoke] - time.time()))
     except subprocess.TimeoutExpired:
       proc.kill()
     proc.close()
