@@ -309,16 +309,18 @@ def gradient_bytes(abstract_params, compute_bytes: int = 2) -> float:
   return total
 
 
-def minimum_collective_bytes(abstract_params, *, chips: int, fsdp: int, global_batch: int, embed_dim: int) -> dict:
+def minimum_collective_bytes(abstract_params, *, chips: int, fsdp: int, global_batch: int, embed_dim: int,
+                             grad_bytes: int = 2) -> dict:
   """The bytes a chip must receive per step in a data-parallel (x FSDP) step, over rings: the gradient reduction
   (an all-reduce over every chip: 2 (n-1)/n of the gradients; with FSDP a reduce-scatter over the fsdp axis and an
   all-reduce of the shards over the data axis), the global loss's one gather of an N x D embedding matrix (bf16)
   and the reduce-scatter of its float32 gradient — a loss whose rows stay split needs no more (the other
   direction's softmax reduces columns: N numbers) — and with FSDP the parameters gathered in the forward and again
-  in the backward (bf16)."""
+  in the backward (bf16). `grad_bytes`: the bytes per element of the gradients the towers compute in bf16 (4 with
+  `optim.grad_reduce='float32'`)."""
   n, f = chips, fsdp
   d = n // f
-  g = gradient_bytes(abstract_params)
+  g = gradient_bytes(abstract_params, grad_bytes)
   if f == 1:
     grads = 2 * (n - 1) / n * g
     params = 0.0
@@ -418,7 +420,8 @@ def measure(model: str, slice_name: str, mesh_kind: str, batch_per_chip: int, *,
   record.update(hbm_resident_bytes=traffic["hbm_bytes"], operand_bytes=traffic["all_bytes"],
                 hbm_parts=traffic["parts"])
   minimum = minimum_collective_bytes(abstract_params, chips=chips, fsdp=fsdp, global_batch=global_batch,
-                                     embed_dim=int(spec.towers["embed_dim"]))
+                                     embed_dim=int(spec.towers["embed_dim"]),
+                                     grad_bytes=4 if record["grad_reduce"] == "float32" else 2)
   record.update(
       fits=True, flops_compiled=float(cost.get("flops", 0.0)), flops_analytic=analytic,
       transcendentals=float(cost.get("transcendentals", 0.0)), hbm_bytes=float(cost.get("bytes accessed", 0.0)),
@@ -571,6 +574,15 @@ def upgrade(results: dict) -> dict:
   for r in results.values():
     if isinstance(r, dict) and "model" in r:
       r.setdefault("variant", "")
+    parts = r.get("collective_min_parts") if isinstance(r, dict) else None
+    if parts and r.get("grad_reduce") == "float32" and r.get("fsdp") == 1 and not r.get("min_grad_bytes"):
+      # minimums recorded before they counted float32 gradient sums: every gradient is a float32 one
+      n = r["chips"]
+      parts["gradients"] = 2 * (n - 1) / n * 4 * r["params"]
+      parts["total"] = parts["gradients"] + parts["loss"] + parts["parameters"]
+      r["collective_bytes_min"] = parts["total"]
+    if parts and isinstance(r, dict):
+      r["min_grad_bytes"] = 4 if r.get("grad_reduce") == "float32" else 2
     if isinstance(r, dict) and "collectives" in r and ("loop_trips" not in r or "flops_model" not in r):
       r["loop_trips"] = LOOP_TRIPS.get(r["model"], 1)
       r["collective_bytes"] = collective_total(r["collectives"], r["loop_trips"])
