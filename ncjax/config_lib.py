@@ -225,10 +225,11 @@ def base_config() -> ml_collections.ConfigDict:
 
   # Metrics: metrics.jsonl always (process 0); TensorBoard; Weights & Biases (`wandb=True`, process 0 only, the run
   # id kept in WORKDIR/wandb_run_id.txt so a resumed run continues the same wandb run; wandb_mode 'offline' needs
-  # no network). profile_steps='A:B': a jax.profiler trace of the steps from A to B in WORKDIR/profile/process_<i>/.
+  # no network; wandb_group: `ncjax sweep` puts its runs in one group). profile_steps='A:B': a jax.profiler trace of
+  # the steps from A to B in WORKDIR/profile/process_<i>/.
   c.log = ml_collections.ConfigDict(dict(every_steps=10, tensorboard=False, progress=True, wandb=False,
                                          wandb_project="ncjax", wandb_entity="", wandb_name="", wandb_mode="",
-                                         profile_steps=""))
+                                         wandb_group="", profile_steps=""))
   return c
 
 
@@ -397,13 +398,18 @@ def find_config_file(name: str) -> str:
                     f"(shipped: {', '.join(config_names())}; or a path to a .py file)")
 
 
-def load_config_file(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
-  """`get_config(arg)` of a shipped config by name ('clip') or of a config file's path (`find_config_file`)."""
+def _config_module(name: str):
   import importlib.util
   path = find_config_file(name)
   spec = importlib.util.spec_from_file_location(f"ncjax_config_{os.path.basename(path)[:-3]}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  return path, module
+
+
+def load_config_file(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of a shipped config by name ('clip') or of a config file's path (`find_config_file`)."""
+  path, module = _config_module(name)
   if not hasattr(module, "get_config"):
     raise ConfigError(f"{path} defines no get_config(arg)")
   return module.get_config(arg)
@@ -420,6 +426,19 @@ def load_config_spec(spec: str) -> ml_collections.ConfigDict:
   except (ValueError, TypeError, KeyError, AttributeError, FileNotFoundError) as e:
     message = str(e).strip().strip('"')
     raise ConfigError(f"--config={spec}: {message}") from e
+
+
+def load_sweep_points(spec: str) -> list[dict] | None:
+  """A config file's own sweep (big_vision's way): `get_sweep(arg)`, a list of {dotted key: value}, one per point;
+  None when the file defines none."""
+  name, arg = split_config_spec(spec)
+  try:
+    _, module = _config_module(name)
+    return module.get_sweep(arg) if hasattr(module, "get_sweep") else None
+  except ConfigError as e:
+    raise ConfigError(f"--config={spec}: {e}") from None
+  except (ValueError, TypeError, KeyError, AttributeError) as e:
+    raise ConfigError(f"--config={spec}: get_sweep: {str(e).strip()}") from e
 
 
 def config_keys(config, prefix: str = "") -> list[str]:

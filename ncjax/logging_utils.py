@@ -73,7 +73,7 @@ class WandbRun:
   (wandb's own default, WANDB_MODE). wandb is an optional dependency (`pip install ncjax[wandb]`)."""
 
   def __init__(self, workdir: str, *, project: str = "ncjax", entity: str = "", name: str = "", mode: str = "",
-               config: dict | None = None, local_dir: str | None = None):
+               config: dict | None = None, local_dir: str | None = None, group: str = ""):
     try:
       import wandb
     except ImportError:
@@ -89,6 +89,7 @@ class WandbRun:
     directory = local_dir or workdir
     os.makedirs(directory, exist_ok=True)
     self.run = wandb.init(project=project or None, entity=entity or None, name=name or None, id=self.run_id,
+                          group=group or None,
                           resume="allow", dir=directory, config=config, mode=mode or None,
                           settings=wandb.Settings(console="off", silent=True))
 
@@ -147,7 +148,8 @@ class MetricWriter:
     wandb = None
     if bool(log_cfg.get("wandb", False)):
       wandb = dict(project=log_cfg.get("wandb_project", "ncjax"), entity=log_cfg.get("wandb_entity", ""),
-                   name=log_cfg.get("wandb_name", ""), mode=log_cfg.get("wandb_mode", ""), config=config.to_dict())
+                   name=log_cfg.get("wandb_name", ""), mode=log_cfg.get("wandb_mode", ""), config=config.to_dict(),
+                   group=log_cfg.get("wandb_group", ""))
     return cls(workdir, tensorboard=bool(log_cfg.tensorboard), resume_step=resume_step, wandb=wandb)
 
   def write(self, step: int, metrics: dict, kind: str = "train"):

@@ -16,6 +16,9 @@
                                                   (the pairs to train on: --config.input.web.filter=F)
   ncjax ncbench --config=configs/ncbench.py:noise=0.2+0.4,seeds=3,methods=clip+ncu+gsc --workdir=DIR
                                                   (every method on the same noise, data and budget)
+  ncjax sweep --config=... --sweep=optim.lr=1e-3,3e-3 [--sweep=KEY=...] --seeds=3 --select=retrieval/rsum
+              --workdir=DIR [--dry_run] [--index=I | --shard=I/N] [--report]
+                                                  (any config keys over a grid: results, plots, best.json)
 
 Re-running with the same workdir resumes from its latest checkpoint. `--cpu_devices=8` simulates 8 devices on a
 CPU host; `--num_processes/--process_id/--coordinator_address` start one process of a multi-process run (on a
@@ -31,6 +34,7 @@ import sys
 from absl import app, flags
 
 from ncjax import errors
+from ncjax.cli import sweep as sweep_cli   # noqa: F401  (defines the sweep's flags)
 from ml_collections.config_flags import config_flags
 
 class _ConfigSpecParser(config_flags.ConfigFileFlagParser):
@@ -131,7 +135,7 @@ _PLUGINS = flags.DEFINE_list("plugins", [], "Python files (path/to/my_method.py)
 
 _VERBOSE = flags.DEFINE_bool("verbose", False, "On an error, print its traceback as well (also NCJAX_DEBUG=1)")
 
-COMMANDS = ("train", "eval", "export", "ncbench", "audit", "filter")
+COMMANDS = ("train", "eval", "export", "ncbench", "audit", "filter", "sweep")
 
 
 def load_plugins(specs) -> list:
@@ -416,6 +420,10 @@ def _dispatch(argv):
                          "--config=path/to/config.py")
   if not _WORKDIR.value:
     raise errors.ConfigurationError("--workdir is required")
+  if command == "sweep":   # its inputs are checked (and --dry_run answered) before JAX starts
+    logging.getLogger("ncjax").setLevel(logging.INFO)
+    sweep_cli.main(_CONFIG.value, _WORKDIR.value, _init_jax)
+    return
   _init_jax()
   logging.getLogger("ncjax").setLevel(logging.INFO)
   if command == "ncbench":

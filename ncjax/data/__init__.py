@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ncjax.data import holdout
 from ncjax.data.embedded import digits, precomp_synthetic, scenes, synthetic
 from ncjax.data.specs import ConceptSpec, InputSpec, NoiseSpec, WebSpec
 from ncjax.data.types import PairSplit
@@ -35,7 +36,13 @@ DATASETS.add("precomp_synthetic", precomp_synthetic.load)
 
 def load_split(spec: InputSpec, split: str, image_size: int) -> PairSplit:
   """A split of `spec.dataset`: in-memory datasets by name; built tfds datasets as 'tfds:<builder>/<config>' under
-  `spec.data_dir` (images read lazily); image folders and tables as their paths say."""
+  `spec.data_dir` (images read lazily); image folders and tables as their paths say. 'SPLIT:fit' / 'SPLIT:holdout':
+  the split without / with only its fixed held-out images (ncjax.data.holdout)."""
+  base, part = holdout.parse(split)
+  if part:
+    if spec.dataset.startswith("web:"):
+      raise ValueError(f"input.split={split!r}: web data cannot hold out a part; evaluate on another dataset")
+    return holdout.carve(load_split(spec, base, image_size), part)
   name = spec.dataset
   if name.startswith("web:"):
     raise ValueError(f"{name!r} is web-scale training data (ncjax.data.web.pipeline), read only by the trainer: "
@@ -60,6 +67,29 @@ def load_split(spec: InputSpec, split: str, image_size: int) -> PairSplit:
   return DATASETS[name](split, image_size=image_size)
 
 
+# The validation split of an in-memory dataset that has one (the others: none; a built dataset: its own splits).
+OWN_VALIDATION = {"precomp_synthetic": "dev"}
+VALIDATION_NAMES = ("validation", "val", "dev")
+
+
+def validation_split(spec: InputSpec) -> str | None:
+  """The data's own validation split, or None where it has none (then a sweep holds out part of its training
+  split, or the user names one)."""
+  name = spec.dataset
+  if name in OWN_VALIDATION:
+    return OWN_VALIDATION[name]
+  if name.startswith("tfds:"):
+    from ncjax.data.tables import builders as tfds_builders
+    builder, _, config = name[len("tfds:"):].partition("/")
+    if builder in tfds_builders.BUILDERS:
+      try:
+        splits = tfds_builders.builder_for(builder, config or None, spec.data_dir).info.splits
+      except Exception:  # noqa: BLE001 - not built: the run's own start-up check names the problem
+        return None
+      return next((s for s in VALIDATION_NAMES if s in splits), None)
+  return None
+
+
 def eval_images(split: PairSplit, image_size: int, normalization: str = "openai", resize: str = "shortest",
                 workers: int = -1, decode: str = "thread"):
   """The split's images as evaluators batch over them: arrays, or a view applying the evaluation transform, each
@@ -70,4 +100,5 @@ def eval_images(split: PairSplit, image_size: int, normalization: str = "openai"
   return TransformedImages(split.images, image_size, normalization, resize, workers=workers, decode=decode)
 
 
-__all__ = ["PairSplit", "InputSpec", "NoiseSpec", "ConceptSpec", "WebSpec", "load_split", "eval_images", "DATASETS"]
+__all__ = ["PairSplit", "InputSpec", "NoiseSpec", "ConceptSpec", "WebSpec", "load_split", "eval_images", "DATASETS",
+           "validation_split"]

@@ -86,6 +86,10 @@ class FileImages:
     with open(self.paths[int(image_id)], "rb") as f:
       return f.read()
 
+  def subset(self, image_ids) -> "FileImages":
+    """These images only, renumbered 0.. in the given order (a held-out part: ncjax.data.holdout)."""
+    return FileImages([self.paths[int(i)] for i in image_ids], self.name)
+
 
 def _read_classnames(path: str) -> list[str] | dict[str, str] | None:
   if not os.path.isfile(path):

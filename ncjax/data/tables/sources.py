@@ -33,6 +33,10 @@ class RecordImages:
   def field(self, image_id: int, key: str):
     return self.record(image_id)[key]
 
+  def subset(self, image_ids) -> "RecordImages":
+    """These images only, renumbered 0.. in the given order (a held-out part: ncjax.data.holdout)."""
+    return RecordImages(self.ds, np.asarray(self.positions)[np.asarray(image_ids)], self.kind, self.name)
+
 
 def usable_cores() -> int:
   """CPUs this process may really use: the affinity mask and the cgroup (v2 or v1) CPU quota, at least 1."""
