@@ -40,9 +40,9 @@ EVERYWHERE = {"errors", "compat"}
 # else (test_no_command_module_at_the_package_root).
 ROOT_SHIMS = {"main": "ncjax.cli.main", "demo": "ncjax.cli.demo"}
 ALLOWED.update({shim: {"cli"} for shim in ROOT_SHIMS})
-# The commands (ncjax/cli), the evaluation path and the test helpers may import anything; nothing below may import
-# them.
-TOP = {"train", "experiment", "evaluation", "cli", "testing", *ROOT_SHIMS}
+# The commands (ncjax/cli), the evaluation path, the sweep runner (ncjax/sweep: it trains and evaluates runs) and
+# the test helpers may import anything; nothing below may import them.
+TOP = {"train", "experiment", "evaluation", "cli", "testing", "sweep", *ROOT_SHIMS}
 
 
 def _modules() -> dict[str, str]:

@@ -8,8 +8,10 @@ For every (noise level, seed) cell row, each method's run gets `noise.seed = see
 methods train on the *same* noisy pairs (the noise index's sha256 is recorded per run and checked equal across
 the methods of a cell) from the same parameter-initialisation seed. NCU and gradient ascent unlearn the CLIP run
 of their own cell (they need a trained model: the paper's setting). `epochs` (when given) replaces every method's
-epoch count (NCU: its unlearning stage). Each run lives in WORKDIR/runs/<method>_noise<r>_seed<s>/ and writes
-`cell.json` when it is done: a re-run skips finished cells, and a killed run resumes from its checkpoint.
+epoch count (NCU: its unlearning stage). NC-bench is a sweep over method x noise x seed run by the sweep runner
+(ncjax.sweep.runner), with its own table: each run lives in WORKDIR/runs/<method>_noise<r>_seed<s>/ (its config
+in config.json) and writes `cell.json` when it is done: a re-run skips finished cells, and a killed run resumes
+from its checkpoint.
 
 Outputs under WORKDIR: results.csv (one row per run), results.md (mean ± std over seeds per method and noise
 level), metric_vs_noise_<metric>.png, roc_noise<r>.png (noise-detection ROC curves of every method, seed 0), and
@@ -21,8 +23,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
-import time
 
 import numpy as np
 
@@ -115,47 +115,26 @@ def cell_config(bench, cell: Cell, workdir: str):
   return cfg
 
 
+RECORD = "cell.json"   # a finished cell's record, written atomically last
+
+
 def run_dir(workdir: str, cell: Cell) -> str:
   return fileio.join(workdir, "runs", cell.name)
 
 
-def flat_metrics(results: dict) -> dict:
-  return {f"{ev}/{k}": v for ev, metrics in results.items() for k, v in metrics.items()
-          if isinstance(v, (int, float)) and not isinstance(v, bool)}
+def as_run(index: int, cell: Cell):
+  """The cell as a run of the sweep runner (ncjax.sweep): its point is (method, noise), its directory its name."""
+  from ncjax.sweep import Run
+  return Run(index=index, point=(("method", cell.method), ("noise", cell.noise)), seed=cell.seed, name=cell.name)
 
 
-def is_finished(workdir: str, cell: Cell) -> bool:
-  """Whether the cell's record exists — process 0's view, broadcast, so that every process of a multi-process
-  sweep skips or trains the same cells (a process that skipped a cell the others train would hang them)."""
-  import jax
-  done = fileio.isfile(fileio.join(run_dir(workdir, cell), "cell.json")) if jax.process_index() == 0 else False
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
-    done = bool(multihost_utils.broadcast_one_to_all(np.asarray(done)))
-  return done
-
-
-def run_cell(bench, cell: Cell, workdir: str) -> dict:
-  """Train and evaluate one cell (resuming a killed run), or load it if finished; returns its record. The record
-  is written by process 0 only, atomically, last: a cell counts as done only once it is whole."""
-  import jax
-  from ncjax import evaluation, train
-  from ncjax.evals import finite_or_none
-  out = run_dir(workdir, cell)
-  done = fileio.join(out, "cell.json")
-  if is_finished(workdir, cell):
-    return json.loads(fileio.read_text(done))
-  cfg = cell_config(bench, cell, workdir)
-  t0 = time.perf_counter()
-  result = train.train(cfg, out)
-  results = evaluation.final(cfg, result, out)
-  record = dict(method=cell.method, noise=cell.noise, seed=cell.seed,
-                noise_sha256=result.experiment.train_data.noise_sha256,
-                steps_per_epoch=int(result.experiment.steps_per_epoch), seconds=round(time.perf_counter() - t0, 1),
-                metrics=flat_metrics(results))
-  if jax.process_index() == 0:
-    fileio.write_text(done, json.dumps(finite_or_none(record), indent=1, allow_nan=False))
-  return record
+def cell_record(cell: Cell, result, results: dict, seconds: float) -> dict:
+  """A finished cell's record (runs/<cell>/cell.json)."""
+  from ncjax.sweep.runner import flat_metrics
+  return dict(method=cell.method, noise=cell.noise, seed=cell.seed,
+              noise_sha256=result.experiment.train_data.noise_sha256,
+              steps_per_epoch=int(result.experiment.steps_per_epoch), seconds=round(seconds, 1),
+              metrics=flat_metrics(results))
 
 
 def check_same_noise(records: list[dict]) -> None:
@@ -275,24 +254,16 @@ def run(config, workdir: str, log=print, show_table: bool = True) -> dict:
   trains every cell together; the tables and plots are written by process 0. `show_table=False`: the caller prints
   the table itself (the demo, in its summary)."""
   import jax
+  from ncjax.sweep import runner
   bench = config.bench
   cells = cells_of(bench)
-  fileio.makedirs(workdir)
-  finished_before = {c.name: is_finished(workdir, c) for c in cells}
-  records, t_start, trained = [], time.perf_counter(), 0
-  for k, cell in enumerate(cells):
-    finished = finished_before[cell.name]
-    t0 = time.perf_counter()
-    records.append(run_cell(bench, cell, workdir))
-    if not finished:
-      trained += 1
-    per_cell = (time.perf_counter() - t_start) / max(trained, 1)
-    remaining = sum(1 for c in cells[k + 1:] if not finished_before[c.name])
-    eta = per_cell * remaining
-    took = "done before" if finished else f"{time.perf_counter() - t0:.0f}s"
-    # no run trained yet in this invocation: nothing to estimate from
-    eta_text = f"{int(eta // 60)}:{int(eta % 60):02d}" if trained or not remaining else "?"
-    log(f"[ncbench] {k + 1}/{len(cells)} {cell.name}: {took} | ETA {eta_text}")
+  # The sweep runner trains each cell in turn (a finished one, its cell.json written last, is read back; a killed
+  # one resumes from its checkpoint); the cells depend on one another (NCU unlearns its cell's CLIP), so in order.
+  by_name = {c.name: c for c in cells}
+  records = runner.execute([as_run(k, c) for k, c in enumerate(cells)], workdir,
+                           lambda run: cell_config(bench, by_name[run.name], workdir), record=RECORD,
+                           make_record=lambda run, result, results, seconds: cell_record(
+                               by_name[run.name], result, results, seconds), tag="ncbench", log=log)
   check_same_noise(records)
   rows = aggregate(records)
   reference = bench.reference

@@ -136,10 +136,17 @@ def with_validation(config, select: str, validation_split: str = "") -> tuple[ml
   with cfg.unlocked():
     twin = ml_collections.ConfigDict(cfg.evals[evaluator].to_dict())
     twin.split = info["split"]
+    if "plot" in _options_of(twin.get("type", evaluator)):
+      twin.plot = False   # the evaluators' plots are named by kind, not by evaluator: the test split's would go
     cfg.evals[info["evaluator"]] = twin
     if info.get("train_split"):
       cfg.input.split = info["train_split"]
   return cfg, info
+
+
+def _options_of(kind: str) -> list[str]:
+  from ncjax import evals
+  return evals.base.accepted_options(evals.base.EVALUATORS[kind]) if kind in evals.base.EVALUATORS else []
 
 
 def plan(config, *, sweep_flags=(), file_points=None, seeds: int | None = None, index: int | None = None,
@@ -205,7 +212,8 @@ def write_results(sweep: Sweep, records: list[dict], workdir: str, log_line=prin
   table = results.format_markdown(rows, keys, metrics)
   missing = len(sweep.runs) - len(records)
   head = (f"Sweep of {len(sweep.points)} points x {len(sweep.seeds or [None])} seed(s): mean ± std over seeds"
-          + (f" ({missing} runs not finished yet)" if missing else "") + "; zero-shot in %")
+          + (f" ({missing} runs not finished yet)" if missing else "")
+          + ("; zero-shot accuracy in %" if any(m.endswith("acc1") for m in metrics) else ""))
   files = [results.write_csv(records, keys, fileio.join(workdir, "results.csv"))]
   fileio.write_text(fileio.join(workdir, "results.md"), f"{head}\n\n{table}\n")
   files.append(fileio.join(workdir, "results.md"))

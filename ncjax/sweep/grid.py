@@ -174,7 +174,7 @@ def points_of(config, flags: list[str], file_points: list[dict] | None = None) -
     clash = sorted({k for p in base for k, _ in p} & set(keys))
     if clash:
       raise SweepError(f"--sweep and the config's get_sweep both set {clash}")
-  grid = itertools.product(*[[(k, v) for v in vs] for k, vs in axes])
+  grid = list(itertools.product(*[[(k, v) for v in vs] for k, vs in axes]))
   return [b + tuple(g) for b in base for g in grid]
 
 

@@ -1,0 +1,294 @@
+"""`ncjax sweep` through the CLI, in subprocesses: a 2 x 2 micro sweep on digits with 2 seeds (8 runs) whose
+array-job task (`--index`) runs exactly its own point and whose full run skips it; results, plots, HParams and
+best.json chosen on the held-out validation part; another sweep in the same workdir refused; each bad input one
+line with nothing run. `slow`: SIGKILL mid-sweep and a bitwise resume, two `--shard` processes against one
+process, and the best point's command re-run.
+
+The subprocesses run `ncjax.main` behind tests/shared_programs.py (the suite's in-memory compile cache; the CLI
+path is the same), so a program that several runs share compiles once per sweep process."""
+
+import concurrent.futures as cf
+import csv
+import json
+import os
+import shlex
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import multiprocess
+from helpers import ROOT
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = (f"import sys; sys.path.insert(0, {TESTS!r}); import shared_programs; shared_programs.install(); "
+          "from ncjax import main; main.run()")
+# The grid: optim.lr x noise.ratio, 2 seeds; micro CLIP, 3 steps of 64 pairs, checkpoints every step; retrieval on
+# the test split (and its twin on the validation part); no other evaluator.
+CONFIG = ["--config=clip:model=micro,noise=0.4,batch=64", "--config.total_steps=3", "--config.ckpt.every_steps=1",
+          "--config.ckpt.async_save=False", "--config.evals.zeroshot.enabled=False",
+          "--config.evals.noise_detection.enabled=False",
+          "--config.log.progress=False"]
+GRID = ["--sweep=optim.lr=1e-3,3e-3", "--sweep=noise.ratio=0.2,0.4", "--seeds=2", "--select=retrieval/rsum"]
+SWEEP = ["sweep", *CONFIG, *GRID, "--cpu_devices=1"]   # one device: the fastest here; pods are tested elsewhere
+NAMES = [f"lr={lr}_ratio={r}_seed={s}" for lr in ("0.001", "0.003") for r in ("0.2", "0.4") for s in (0, 1)]
+
+
+def _command(args):
+  return [sys.executable, "-c", LAUNCH, *args]
+
+
+def _sweep(args, workdir, timeout=600):
+  return subprocess.run(_command([*args, f"--workdir={workdir}"]), cwd=ROOT, env=multiprocess.env(),
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def _records(workdir):
+  return {n: json.loads(open(os.path.join(workdir, "runs", n, "result.json")).read()) for n in NAMES}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+  """The sweep run as an array job's task (--index=3) and then whole: (workdir, the two invocations' output)."""
+  workdir = str(tmp_path_factory.mktemp("sweep") / "w")
+  task = _sweep([*SWEEP, "--index=3"], workdir)
+  assert task.returncode == 0, task.stderr[-3000:]
+  ran_by_task = sorted(n for n in os.listdir(os.path.join(workdir, "runs"))
+                       if os.path.isfile(os.path.join(workdir, "runs", n, "result.json")))
+  task.results_written = os.path.exists(os.path.join(workdir, "results.csv"))
+  whole = _sweep(SWEEP, workdir)
+  assert whole.returncode == 0, whole.stderr[-3000:]
+  return workdir, task, ran_by_task, whole
+
+
+def test_index_runs_its_point_and_the_whole_sweep_the_rest_once(swept):
+  workdir, task, ran_by_task, whole = swept
+  assert task.stdout.startswith("sweep: 4 points x 2 seeds = 8 runs; this invocation: 2 runs of 1 points")
+  assert ran_by_task == ["lr=0.003_ratio=0.4_seed=0", "lr=0.003_ratio=0.4_seed=1"]      # point 3 only
+  assert not task.results_written     # the results are written once every run is finished
+  progress = [line for line in whole.stdout.splitlines() if line.startswith("[sweep]")]
+  assert len(progress) == 8 and sum("done before" in line for line in progress) == 2
+  assert all(("done before" in line) == (line.split()[2].rstrip(":") in ran_by_task) for line in progress)
+  for name, rec in _records(workdir).items():
+    cfg = json.load(open(os.path.join(workdir, "runs", name, "config.json")))
+    lr, ratio, seed = rec["point"]["optim.lr"], rec["point"]["noise.ratio"], rec["seed"]
+    assert (cfg["optim"]["lr"], cfg["noise"]["ratio"], cfg["seed"], cfg["noise"]["seed"]) == (lr, ratio, seed, seed)
+    assert name == f"lr={lr:g}_ratio={ratio:g}_seed={seed}" and rec["steps"] == 3
+    assert cfg["input"]["split"] == "train:fit" and cfg["evals"]["val_retrieval"]["split"] == "train:holdout"
+    steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "runs", name, "checkpoints")) if s.isdigit())
+    assert steps[-1] == 3
+
+
+def test_results_table_plots_and_hparams(swept):
+  workdir, *_ = swept
+  rows = list(csv.DictReader(open(os.path.join(workdir, "results.csv"))))
+  assert sorted(r["run"] for r in rows) == sorted(NAMES)
+  assert {"optim.lr", "noise.ratio", "seed", "retrieval/rsum", "val_retrieval/rsum", "steps", "seconds"} <= set(rows[0])
+  records = _records(workdir)
+  table = open(os.path.join(workdir, "results.md")).read()
+  for lr in (1e-3, 3e-3):
+    for ratio in (0.2, 0.4):
+      values = [records[f"lr={lr:g}_ratio={ratio:g}_seed={s}"]["metrics"]["retrieval/rsum"] for s in (0, 1)]
+      cells = next(c for l in table.splitlines() if (c := [x.strip() for x in l.split("|")[1:-1]])[:2] == [
+          f"{lr:g}", f"{ratio:g}"])
+      assert cells[2] == "2" and f"{np.mean(values):.2f} ± {np.std(values):.2f}" in cells, (cells, values)
+  for metric in ("retrieval_rsum", "val_retrieval_rsum"):
+    for key in ("optim.lr", "noise.ratio"):
+      assert os.path.getsize(os.path.join(workdir, f"plot_{metric}_vs_{key}.png")) > 1000
+  sessions = _hparams_sessions(os.path.join(workdir, "tensorboard"))
+  assert sorted(sessions) == sorted(NAMES)
+  for name, (hparams, metrics) in sessions.items():
+    rec = records[name]
+    assert hparams == {"optim.lr": rec["point"]["optim.lr"], "noise.ratio": rec["point"]["noise.ratio"],
+                       "seed": rec["seed"]}
+    assert metrics["final/retrieval/rsum"] == pytest.approx(rec["metrics"]["retrieval/rsum"], rel=1e-6)
+
+
+def test_best_point_is_chosen_on_the_validation_part_and_its_command_rebuilds_the_run(swept):
+  workdir, *_ = swept
+  best = json.load(open(os.path.join(workdir, "best.json")))
+  records = _records(workdir)
+  by_point = {}
+  for rec in records.values():
+    by_point.setdefault(rec["index"], []).append(rec["metrics"])
+  val = {i: np.mean([m["val_retrieval/rsum"] for m in ms]) for i, ms in by_point.items()}
+  assert best["chosen_by"] == "val_retrieval/rsum" and best["point_index"] == max(val, key=lambda i: (val[i], -i))
+  assert best["validation"]["split"] == "train:holdout" and best["validation"]["source"] == "holdout"
+  assert "warning" not in best
+  test = np.mean([m["retrieval/rsum"] for m in by_point[best["point_index"]]])
+  assert best["test_metrics"]["retrieval/rsum"]["mean"] == pytest.approx(test)
+  assert not any(k.startswith("val_") for k in best["test_metrics"])
+  # The command builds the config the run trained with (its validation twin aside).
+  args = shlex.split(best["command"])
+  assert args[:2] == ["ncjax", "train"]
+  run = best["runs"][0]
+  assert args[-1] == f"--workdir={os.path.join(workdir, 'reproduce', run)}"
+  cfg = _config_of_command(args[2:-1])
+  saved = json.load(open(os.path.join(workdir, "runs", run, "config.json")))
+  saved["evals"].pop("val_retrieval")
+  assert json.loads(json.dumps(cfg.to_dict(), default=str)) == saved
+
+
+def test_another_sweep_in_the_same_workdir_is_refused_and_nothing_runs(swept):
+  workdir, *_ = swept
+  before = sorted(os.listdir(os.path.join(workdir, "runs")))
+  out = _sweep(["sweep", *CONFIG, "--sweep=optim.lr=1e-3,1e-2", *GRID[1:], "--cpu_devices=1"], workdir)
+  line = _one_error_line(out, 2)
+  assert "holds another sweep" in line and "optim.lr" in line and "0.003" in line and "0.01" in line
+  assert sorted(os.listdir(os.path.join(workdir, "runs"))) == before
+  again = _sweep([*SWEEP, "--report"], workdir)        # the same sweep: its report, nothing trained
+  assert again.returncode == 0 and "[sweep]" not in again.stdout and "best point" in again.stdout
+
+
+def test_bad_inputs_end_in_one_line_and_run_nothing(tmp_path):
+  base = ["sweep", "--config=clip:model=micro", "--cpu_devices=1"]
+  cases = {
+      "unknown key": (["--sweep=optim.lrr=1e-3,2e-3"], "the config has no key 'optim.lrr'"),
+      "wrong type": (["--sweep=optim.lr=1e-3,fast"], "value 'fast' is not a float"),
+      "empty list": (["--sweep=optim.lr="], "an empty list of values for optim.lr"),
+      "index past the end": (["--sweep=optim.lr=1e-3,2e-3", "--seeds=2", "--index=2"], "--index=2 is past the last"),
+      "index and shard": (["--sweep=optim.lr=1e-3,2e-3", "--index=0", "--shard=0/2"], "--index and --shard"),
+      "bad shard": (["--sweep=optim.lr=1e-3,2e-3", "--shard=2/2"], "--shard=2/2"),
+      "select without split": (["--select=noise_detection/auc"], "evaluates no split"),
+  }
+  with cf.ThreadPoolExecutor(2) as pool:   # two at a time: the machine's cores
+    outs = {name: pool.submit(_sweep, [*base, *args], str(tmp_path / name.replace(" ", "_")))
+            for name, (args, _) in cases.items()}
+  for name, (_, words) in cases.items():
+    assert words in _one_error_line(outs[name].result(), 2), name
+    assert not os.path.exists(tmp_path / name.replace(" ", "_")), name       # nothing written, nothing run
+  dry = _sweep([*base, "--sweep=optim.lr=1e-3,2e-3", "--sweep=model.embed_dim=16,32", "--seeds=2", "--shard=1/2",
+                "--dry_run"], str(tmp_path / "dry"))
+  assert dry.returncode == 0, dry.stderr[-2000:]
+  lines = dry.stdout.splitlines()
+  assert lines[0] == "sweep: 4 points x 2 seeds = 8 runs; this invocation: 4 runs of 2 points"
+  assert [l.split()[2] for l in lines[1:]] == [f"runs/lr={lr}_embed_dim={d}_seed={s}" for lr, d in
+                                               (("0.001", 32), ("0.002", 32)) for s in (0, 1)]
+  assert not os.path.exists(tmp_path / "dry")
+
+
+# --- slow: killed mid-sweep, shards, the best point's command -----------------------------------------------------
+@pytest.mark.slow
+def test_sigkill_mid_sweep_resumes_the_killed_run_bitwise_and_finishes_every_run_once(swept, tmp_path):
+  reference, *_ = swept
+  workdir = str(tmp_path / "w")
+  victim = NAMES[2]     # the third run: two runs finished before it, five after it
+  proc = subprocess.Popen(_command([*SWEEP, f"--workdir={workdir}"]), cwd=ROOT, env=multiprocess.env(),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  first_ckpt = os.path.join(workdir, "runs", victim, "checkpoints", "1")
+  deadline = time.monotonic() + 600
+  while not os.path.isdir(first_ckpt) and proc.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.02)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert not os.path.exists(os.path.join(workdir, "runs", victim, "result.json"))
+  finished = sorted(n for n in NAMES if os.path.isfile(os.path.join(workdir, "runs", n, "result.json")))
+  assert finished == sorted(NAMES[:2])
+  killed_at = max(int(s) for s in os.listdir(os.path.dirname(first_ckpt)) if s.isdigit())
+  assert killed_at < 3
+  again = _sweep(SWEEP, workdir)
+  assert again.returncode == 0, again.stderr[-3000:]
+  progress = [line for line in again.stdout.splitlines() if line.startswith("[sweep]")]
+  assert [("done before" in line) for line in progress] == [True, True] + [False] * 6
+  assert f"resumed from step {killed_at}" in again.stderr
+  ours, theirs = _records(workdir), _records(reference)
+  for name in NAMES:
+    assert ours[name]["metrics"] == theirs[name]["metrics"], name
+  _assert_same_params(os.path.join(workdir, "runs", victim), os.path.join(reference, "runs", victim), step=3)
+
+
+@pytest.mark.slow
+def test_two_shard_processes_produce_what_one_sweep_produces(swept, tmp_path):
+  reference, *_ = swept
+  workdir = str(tmp_path / "w")
+  procs = [subprocess.Popen(_command([*SWEEP, f"--shard={i}/2", f"--workdir={workdir}"]), cwd=ROOT,
+                            env=multiprocess.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  outs = [p.communicate(timeout=900) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+  assert _records(workdir) == {n: dict(r, seconds=_records(workdir)[n]["seconds"]) for n, r in
+                               _records(reference).items()}
+  ours = list(csv.DictReader(open(os.path.join(workdir, "results.csv"))))
+  theirs = list(csv.DictReader(open(os.path.join(reference, "results.csv"))))
+  drop = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]   # noqa: E731
+  assert drop(ours) == drop(theirs)
+  assert json.load(open(os.path.join(workdir, "best.json")))["point"] == \
+      json.load(open(os.path.join(reference, "best.json")))["point"]
+
+
+@pytest.mark.slow
+def test_the_best_points_command_trains_the_same_run(swept):
+  workdir, *_ = swept
+  best = json.load(open(os.path.join(workdir, "best.json")))
+  args = shlex.split(best["command"])
+  out = subprocess.run(_command(args[1:]), cwd=ROOT, env=multiprocess.env(), capture_output=True, text=True,
+                       timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  run = best["runs"][0]
+  again = json.load(open(os.path.join(workdir, "reproduce", run, "eval", "step_3.json")))["results"]["retrieval"]
+  rec = json.load(open(os.path.join(workdir, "runs", run, "result.json")))["metrics"]
+  assert {k: v for k, v in again.items() if isinstance(v, float)} == \
+      {k[len("retrieval/"):]: v for k, v in rec.items() if k.startswith("retrieval/")}
+
+
+# --- helpers ------------------------------------------------------------------------------------------------------
+def _one_error_line(out, status) -> str:
+  lines = [line for line in out.stderr.splitlines() if line.strip()]
+  errors = [line for line in lines if line.startswith("ncjax: error:")]
+  assert out.returncode == status, (out.returncode, out.stderr[-3000:])
+  assert len(errors) == 1 and lines[-1] == errors[0] and "Traceback" not in out.stderr, out.stderr[-3000:]
+  return errors[0]
+
+
+def _config_of_command(args):
+  """The config `ncjax train ARGS` builds, parsed by the CLI's own --config flag (on flags of its own)."""
+  from absl import flags
+  from ncjax import main
+  values = flags.FlagValues()
+  flags.DEFINE_flag(main._ConfigFlag(   # noqa: SLF001
+      parser=main._ConfigSpecParser(name="config", lock_config=True), serializer=flags.ArgumentSerializer(),   # noqa: SLF001
+      name="config", default=None, help_string="", flag_values=values, sys_argv=["ncjax", *args]), flag_values=values)
+  values(["ncjax", *args], known_only=True)
+  return values.config
+
+
+def _assert_same_params(a: str, b: str, step: int):
+  from ncjax import checkpoint as ckpt_lib
+  pa, _, _ = ckpt_lib.restore_params(os.path.join(a, "checkpoints", str(step)))
+  pb, _, _ = ckpt_lib.restore_params(os.path.join(b, "checkpoints", str(step)))
+  import jax
+  for x, y in zip(jax.tree.leaves(pa), jax.tree.leaves(pb), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _hparams_sessions(tb_dir: str) -> dict:
+  """{run: (hparams, final metrics)} read back from TensorBoard's event files (TFRecord framing: length, its crc,
+  the Event proto, its crc): each run's session start (the HParams plugin's data) and its metric scalars."""
+  from tensorboardX.proto import event_pb2, plugin_hparams_pb2
+  out = {}
+  for run in os.listdir(tb_dir):
+    if not os.path.isdir(os.path.join(tb_dir, run)):
+      continue
+    hparams, metrics = {}, {}
+    for name in os.listdir(os.path.join(tb_dir, run)):
+      data = open(os.path.join(tb_dir, run, name), "rb").read()
+      pos = 0
+      while pos < len(data):
+        (length,) = struct.unpack("<Q", data[pos:pos + 8])
+        event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+        pos += 16 + length
+        for value in event.summary.value:
+          plugin = value.metadata.plugin_data
+          if plugin.plugin_name == "hparams":
+            content = plugin_hparams_pb2.HParamsPluginData.FromString(plugin.content)
+            if content.HasField("session_start_info"):
+              for k, v in content.session_start_info.hparams.items():
+                hparams[k] = getattr(v, v.WhichOneof("kind"))
+          elif value.HasField("simple_value"):
+            metrics[value.tag] = value.simple_value
+    out[run] = (hparams, metrics)
+  return out
