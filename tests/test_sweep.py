@@ -152,3 +152,32 @@ def test_held_out_images_leave_training_with_their_captions():
   np.testing.assert_array_equal(holdout.held_out_images(1000), holdout.held_out_images(1000))   # fixed
   with pytest.raises(ValueError, match="a split's part is fit or holdout"):
     holdout.parse("train:val")
+
+
+def test_every_run_of_a_sweep_goes_into_one_wandb_group(tmp_path):
+  cfg = config_lib.set_dotted(load_config("clip", "model=micro"), {"log.wandb": True, "log.wandb_mode": "offline"})
+  plan = sweep.plan(cfg, sweep_flags=["optim.lr=1e-3,3e-3"], seeds=2)
+  plan.wandb_group = "my_sweep"
+  configs = [plan.config_of(r) for r in plan.runs]
+  assert {c.log.wandb_group for c in configs} == {"my_sweep"}
+  assert [c.log.wandb_name for c in configs] == [r.name for r in plan.runs]
+  # ... and the group reaches W&B (offline: read back from the run's own log)
+  import glob
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "train"))
+  from test_tracking import wandb_records
+  from ncjax.logging_utils import WandbRun
+  run = WandbRun(str(tmp_path), project="ncjax-test", name=configs[0].log.wandb_name, mode="offline",
+                 group=configs[0].log.wandb_group)
+  run.finish()
+  (path,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+  import time
+  deadline = time.monotonic() + 60
+  while time.monotonic() < deadline:   # wandb's service may still be writing the run's log after finish()
+    records = wandb_records(path)
+    if any(r.WhichOneof("record_type") == "exit" for r in records):
+      break
+    time.sleep(0.2)
+  starts = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+  assert [(s.run_group, s.display_name) for s in starts] == [("my_sweep", "lr=0.001_seed=0")]

@@ -1,8 +1,8 @@
-"""`ncjax sweep` through the CLI, in subprocesses: a 2 x 2 micro sweep on digits with 2 seeds (8 runs) whose
-array-job task (`--index`) runs exactly its own point and whose full run skips it; results, plots, HParams and
-best.json chosen on the held-out validation part; another sweep in the same workdir refused; each bad input one
-line with nothing run. `slow`: SIGKILL mid-sweep and a bitwise resume, two `--shard` processes against one
-process, and the best point's command re-run.
+"""`ncjax sweep` through the CLI, in subprocesses: a micro sweep on digits with 2 seeds (`make test`: 2 learning
+rates, 4 runs; `make test-all` also the 2 x 2 grid, 8 runs) whose array-job task (`--index`) runs exactly its own
+point and whose full run skips it; results, plots, HParams and best.json chosen on the held-out validation part;
+another sweep in the same workdir refused; each bad input one line with nothing run. `slow`: SIGKILL mid-sweep and
+a bitwise resume, two `--shard` processes against one process, and the best point's command re-run.
 
 The subprocesses run `ncjax.main` behind tests/shared_programs.py (the suite's in-memory compile cache; the CLI
 path is the same), so a program that several runs share compiles once per sweep process."""
@@ -33,9 +33,19 @@ CONFIG = ["--config=clip:model=micro,noise=0.4,batch=64", "--config.total_steps=
           "--config.ckpt.async_save=False", "--config.evals.zeroshot.enabled=False",
           "--config.evals.noise_detection.enabled=False",
           "--config.log.progress=False"]
-GRID = ["--sweep=optim.lr=1e-3,3e-3", "--sweep=noise.ratio=0.2,0.4", "--seeds=2", "--select=retrieval/rsum"]
-SWEEP = ["sweep", *CONFIG, *GRID, "--cpu_devices=1"]   # one device: the fastest here; pods are tested elsewhere
-NAMES = [f"lr={lr}_ratio={r}_seed={s}" for lr in ("0.001", "0.003") for r in ("0.2", "0.4") for s in (0, 1)]
+# `make test` sweeps 2 learning rates x 2 seeds (4 runs); `make test-all` adds the 2 x 2 grid (x noise.ratio) with 2
+# seeds (8 runs) for the same checks.
+GRIDS = {"small": ["--sweep=optim.lr=1e-3,3e-3"], "full": ["--sweep=optim.lr=1e-3,3e-3", "--sweep=noise.ratio=0.2,0.4"]}
+SELECT = ["--seeds=2", "--select=retrieval/rsum"]
+
+
+def _names(grid: str) -> list[str]:
+  ratios = ("_ratio=0.2", "_ratio=0.4") if grid == "full" else ("",)
+  return [f"lr={lr}{r}_seed={s}" for lr in ("0.001", "0.003") for r in ratios for s in (0, 1)]
+
+
+def _args(grid: str) -> list[str]:
+  return ["sweep", *CONFIG, *GRIDS[grid], *SELECT, "--cpu_devices=1"]   # one device: the fastest here
 
 
 def _command(args):
@@ -47,71 +57,88 @@ def _sweep(args, workdir, timeout=600):
                         capture_output=True, text=True, timeout=timeout)
 
 
-def _records(workdir):
-  return {n: json.loads(open(os.path.join(workdir, "runs", n, "result.json")).read()) for n in NAMES}
+def _records(workdir, names):
+  return {n: json.loads(open(os.path.join(workdir, "runs", n, "result.json")).read()) for n in names}
+
+
+class Swept:
+  """A sweep run as an array job's task (--index of its last point), then whole."""
+
+  def __init__(self, workdir: str, grid: str):
+    self.workdir, self.grid, self.names, self.args = workdir, grid, _names(grid), _args(grid)
+    self.points = len(self.names) // 2
+    self.task = _sweep([*self.args, f"--index={self.points - 1}"], workdir)
+    assert self.task.returncode == 0, self.task.stderr[-3000:]
+    self.ran_by_task = sorted(n for n in os.listdir(os.path.join(workdir, "runs"))
+                              if os.path.isfile(os.path.join(workdir, "runs", n, "result.json")))
+    self.results_after_task = os.path.exists(os.path.join(workdir, "results.csv"))
+    self.whole = _sweep(self.args, workdir)
+    assert self.whole.returncode == 0, self.whole.stderr[-3000:]
+
+  def records(self):
+    return _records(self.workdir, self.names)
+
+
+@pytest.fixture(scope="module", params=["small", pytest.param("full", marks=pytest.mark.slow)])
+def swept(request, tmp_path_factory):
+  return Swept(str(tmp_path_factory.mktemp(f"sweep_{request.param}") / "w"), request.param)
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory):
-  """The sweep run as an array job's task (--index=3) and then whole: (workdir, the two invocations' output)."""
-  workdir = str(tmp_path_factory.mktemp("sweep") / "w")
-  task = _sweep([*SWEEP, "--index=3"], workdir)
-  assert task.returncode == 0, task.stderr[-3000:]
-  ran_by_task = sorted(n for n in os.listdir(os.path.join(workdir, "runs"))
-                       if os.path.isfile(os.path.join(workdir, "runs", n, "result.json")))
-  task.results_written = os.path.exists(os.path.join(workdir, "results.csv"))
-  whole = _sweep(SWEEP, workdir)
-  assert whole.returncode == 0, whole.stderr[-3000:]
-  return workdir, task, ran_by_task, whole
+def small(tmp_path_factory):
+  return Swept(str(tmp_path_factory.mktemp("sweep_small") / "w"), "small")
 
 
 def test_index_runs_its_point_and_the_whole_sweep_the_rest_once(swept):
-  workdir, task, ran_by_task, whole = swept
-  assert task.stdout.startswith("sweep: 4 points x 2 seeds = 8 runs; this invocation: 2 runs of 1 points")
-  assert ran_by_task == ["lr=0.003_ratio=0.4_seed=0", "lr=0.003_ratio=0.4_seed=1"]      # point 3 only
-  assert not task.results_written     # the results are written once every run is finished
-  progress = [line for line in whole.stdout.splitlines() if line.startswith("[sweep]")]
-  assert len(progress) == 8 and sum("done before" in line for line in progress) == 2
-  assert all(("done before" in line) == (line.split()[2].rstrip(":") in ran_by_task) for line in progress)
-  for name, rec in _records(workdir).items():
-    cfg = json.load(open(os.path.join(workdir, "runs", name, "config.json")))
-    lr, ratio, seed = rec["point"]["optim.lr"], rec["point"]["noise.ratio"], rec["seed"]
+  n, p = len(swept.names), swept.points
+  assert swept.task.stdout.startswith(f"sweep: {p} points x 2 seeds = {n} runs; this invocation: 2 runs of 1 points")
+  assert swept.ran_by_task == swept.names[-2:]      # the last point's two seeds, nothing else
+  assert not swept.results_after_task                # the results are written once every run is finished
+  progress = [line for line in swept.whole.stdout.splitlines() if line.startswith("[sweep]")]
+  assert len(progress) == n and sum("done before" in line for line in progress) == 2
+  assert all(("done before" in line) == (line.split()[2].rstrip(":") in swept.ran_by_task) for line in progress)
+  for name, rec in swept.records().items():
+    cfg = json.load(open(os.path.join(swept.workdir, "runs", name, "config.json")))
+    lr, seed = rec["point"]["optim.lr"], rec["seed"]
+    ratio = rec["point"].get("noise.ratio", 0.4)
     assert (cfg["optim"]["lr"], cfg["noise"]["ratio"], cfg["seed"], cfg["noise"]["seed"]) == (lr, ratio, seed, seed)
-    assert name == f"lr={lr:g}_ratio={ratio:g}_seed={seed}" and rec["steps"] == 3
+    assert rec["steps"] == 3 and name in swept.names
     assert cfg["input"]["split"] == "train:fit" and cfg["evals"]["val_retrieval"]["split"] == "train:holdout"
-    steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "runs", name, "checkpoints")) if s.isdigit())
+    steps = sorted(int(s) for s in os.listdir(os.path.join(swept.workdir, "runs", name, "checkpoints")) if s.isdigit())
     assert steps[-1] == 3
 
 
 def test_results_table_plots_and_hparams(swept):
-  workdir, *_ = swept
+  workdir = swept.workdir
   rows = list(csv.DictReader(open(os.path.join(workdir, "results.csv"))))
-  assert sorted(r["run"] for r in rows) == sorted(NAMES)
-  assert {"optim.lr", "noise.ratio", "seed", "retrieval/rsum", "val_retrieval/rsum", "steps", "seconds"} <= set(rows[0])
-  records = _records(workdir)
+  assert sorted(r["run"] for r in rows) == sorted(swept.names)
+  assert {"optim.lr", "seed", "retrieval/rsum", "val_retrieval/rsum", "steps", "seconds"} <= set(rows[0])
+  records = swept.records()
   table = open(os.path.join(workdir, "results.md")).read()
-  for lr in (1e-3, 3e-3):
-    for ratio in (0.2, 0.4):
-      values = [records[f"lr={lr:g}_ratio={ratio:g}_seed={s}"]["metrics"]["retrieval/rsum"] for s in (0, 1)]
-      cells = next(c for l in table.splitlines() if (c := [x.strip() for x in l.split("|")[1:-1]])[:2] == [
-          f"{lr:g}", f"{ratio:g}"])
-      assert cells[2] == "2" and f"{np.mean(values):.2f} ± {np.std(values):.2f}" in cells, (cells, values)
+  keys = ["optim.lr"] + (["noise.ratio"] if swept.grid == "full" else [])
+  groups = {}
+  for rec in records.values():
+    groups.setdefault(tuple(f"{rec['point'][k]:g}" for k in keys), []).append(rec["metrics"]["retrieval/rsum"])
+  assert len(groups) == swept.points
+  for values, rsums in groups.items():
+    cells = next(c for l in table.splitlines() if (c := [x.strip() for x in l.split("|")[1:-1]])[:len(keys)] == list(
+        values))
+    assert cells[len(keys)] == "2" and f"{np.mean(rsums):.2f} ± {np.std(rsums):.2f}" in cells, (cells, rsums)
   for metric in ("retrieval_rsum", "val_retrieval_rsum"):
-    for key in ("optim.lr", "noise.ratio"):
+    for key in keys:
       assert os.path.getsize(os.path.join(workdir, f"plot_{metric}_vs_{key}.png")) > 1000
   sessions = _hparams_sessions(os.path.join(workdir, "tensorboard"))
-  assert sorted(sessions) == sorted(NAMES)
+  assert sorted(sessions) == sorted(swept.names)
   for name, (hparams, metrics) in sessions.items():
     rec = records[name]
-    assert hparams == {"optim.lr": rec["point"]["optim.lr"], "noise.ratio": rec["point"]["noise.ratio"],
-                       "seed": rec["seed"]}
+    assert hparams == {**rec["point"], "seed": rec["seed"]}
     assert metrics["final/retrieval/rsum"] == pytest.approx(rec["metrics"]["retrieval/rsum"], rel=1e-6)
 
 
 def test_best_point_is_chosen_on_the_validation_part_and_its_command_rebuilds_the_run(swept):
-  workdir, *_ = swept
+  workdir = swept.workdir
   best = json.load(open(os.path.join(workdir, "best.json")))
-  records = _records(workdir)
+  records = swept.records()
   by_point = {}
   for rec in records.values():
     by_point.setdefault(rec["index"], []).append(rec["metrics"])
@@ -133,14 +160,14 @@ def test_best_point_is_chosen_on_the_validation_part_and_its_command_rebuilds_th
   assert json.loads(json.dumps(cfg.to_dict(), default=str)) == saved
 
 
-def test_another_sweep_in_the_same_workdir_is_refused_and_nothing_runs(swept):
-  workdir, *_ = swept
+def test_another_sweep_in_the_same_workdir_is_refused_and_nothing_runs(small):
+  workdir = small.workdir
   before = sorted(os.listdir(os.path.join(workdir, "runs")))
-  out = _sweep(["sweep", *CONFIG, "--sweep=optim.lr=1e-3,1e-2", *GRID[1:], "--cpu_devices=1"], workdir)
+  out = _sweep(["sweep", *CONFIG, "--sweep=optim.lr=1e-3,1e-2", *SELECT, "--cpu_devices=1"], workdir)
   line = _one_error_line(out, 2)
   assert "holds another sweep" in line and "optim.lr" in line and "0.003" in line and "0.01" in line
   assert sorted(os.listdir(os.path.join(workdir, "runs"))) == before
-  again = _sweep([*SWEEP, "--report"], workdir)        # the same sweep: its report, nothing trained
+  again = _sweep([*small.args, "--report"], workdir)        # the same sweep: its report, nothing trained
   assert again.returncode == 0 and "[sweep]" not in again.stdout and "best point" in again.stdout
 
 
@@ -173,11 +200,11 @@ def test_bad_inputs_end_in_one_line_and_run_nothing(tmp_path):
 
 # --- slow: killed mid-sweep, shards, the best point's command -----------------------------------------------------
 @pytest.mark.slow
-def test_sigkill_mid_sweep_resumes_the_killed_run_bitwise_and_finishes_every_run_once(swept, tmp_path):
-  reference, *_ = swept
+def test_sigkill_mid_sweep_resumes_the_killed_run_bitwise_and_finishes_every_run_once(small, tmp_path):
+  reference, names = small.workdir, small.names
   workdir = str(tmp_path / "w")
-  victim = NAMES[2]     # the third run: two runs finished before it, five after it
-  proc = subprocess.Popen(_command([*SWEEP, f"--workdir={workdir}"]), cwd=ROOT, env=multiprocess.env(),
+  victim = names[2]     # the third run: two runs finished before it, one after it
+  proc = subprocess.Popen(_command([*small.args, f"--workdir={workdir}"]), cwd=ROOT, env=multiprocess.env(),
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   first_ckpt = os.path.join(workdir, "runs", victim, "checkpoints", "1")
   deadline = time.monotonic() + 600
@@ -186,32 +213,32 @@ def test_sigkill_mid_sweep_resumes_the_killed_run_bitwise_and_finishes_every_run
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   assert not os.path.exists(os.path.join(workdir, "runs", victim, "result.json"))
-  finished = sorted(n for n in NAMES if os.path.isfile(os.path.join(workdir, "runs", n, "result.json")))
-  assert finished == sorted(NAMES[:2])
+  finished = sorted(n for n in names if os.path.isfile(os.path.join(workdir, "runs", n, "result.json")))
+  assert finished == sorted(names[:2])
   killed_at = max(int(s) for s in os.listdir(os.path.dirname(first_ckpt)) if s.isdigit())
   assert killed_at < 3
-  again = _sweep(SWEEP, workdir)
+  again = _sweep(small.args, workdir)
   assert again.returncode == 0, again.stderr[-3000:]
   progress = [line for line in again.stdout.splitlines() if line.startswith("[sweep]")]
-  assert [("done before" in line) for line in progress] == [True, True] + [False] * 6
-  assert f"resumed from step {killed_at}" in again.stderr
-  ours, theirs = _records(workdir), _records(reference)
-  for name in NAMES:
+  assert [("done before" in line) for line in progress] == [True, True, False, False]
+  assert f"resumed from step {killed_at}" in again.stderr and again.stderr.count("resumed from step") == 1
+  ours, theirs = _records(workdir, names), _records(reference, names)
+  for name in names:
     assert ours[name]["metrics"] == theirs[name]["metrics"], name
   _assert_same_params(os.path.join(workdir, "runs", victim), os.path.join(reference, "runs", victim), step=3)
 
 
 @pytest.mark.slow
-def test_two_shard_processes_produce_what_one_sweep_produces(swept, tmp_path):
-  reference, *_ = swept
+def test_two_shard_processes_produce_what_one_sweep_produces(small, tmp_path):
+  reference, names = small.workdir, small.names
   workdir = str(tmp_path / "w")
-  procs = [subprocess.Popen(_command([*SWEEP, f"--shard={i}/2", f"--workdir={workdir}"]), cwd=ROOT,
+  procs = [subprocess.Popen(_command([*small.args, f"--shard={i}/2", f"--workdir={workdir}"]), cwd=ROOT,
                             env=multiprocess.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(2)]
   outs = [p.communicate(timeout=900) for p in procs]
   assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
-  assert _records(workdir) == {n: dict(r, seconds=_records(workdir)[n]["seconds"]) for n, r in
-                               _records(reference).items()}
+  ours = _records(workdir, names)
+  assert ours == {n: dict(r, seconds=ours[n]["seconds"]) for n, r in _records(reference, names).items()}
   ours = list(csv.DictReader(open(os.path.join(workdir, "results.csv"))))
   theirs = list(csv.DictReader(open(os.path.join(reference, "results.csv"))))
   drop = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]   # noqa: E731
@@ -221,8 +248,8 @@ def test_two_shard_processes_produce_what_one_sweep_produces(swept, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_best_points_command_trains_the_same_run(swept):
-  workdir, *_ = swept
+def test_the_best_points_command_trains_the_same_run(small):
+  workdir = small.workdir
   best = json.load(open(os.path.join(workdir, "best.json")))
   args = shlex.split(best["command"])
   out = subprocess.run(_command(args[1:]), cwd=ROOT, env=multiprocess.env(), capture_output=True, text=True,
