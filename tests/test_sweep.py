@@ -181,3 +181,30 @@ def test_every_run_of_a_sweep_goes_into_one_wandb_group(tmp_path):
     time.sleep(0.2)
   starts = [r.run for r in records if r.WhichOneof("record_type") == "run"]
   assert [(s.run_group, s.display_name) for s in starts] == [("my_sweep", "lr=0.001_seed=0")]
+
+
+def test_the_workdir_keeps_the_first_definition_and_refuses_another(tmp_path):
+  cfg = load_config("clip", "model=micro")
+  first = sweep.plan(cfg, sweep_flags=["optim.lr=1e-3,3e-3"], seeds=2)
+  sweep.check_workdir(first, str(tmp_path))
+  assert (tmp_path / "sweep.json").is_file()
+  sweep.check_workdir(sweep.plan(cfg, sweep_flags=["optim.lr=1e-3,3e-3"], seeds=2, index=1), str(tmp_path))
+  with pytest.raises(sweep.SweepError, match=r"holds another sweep \(seeds \[0, 1\] -> \[0, 1, 2\]\)"):
+    sweep.check_workdir(sweep.plan(cfg, sweep_flags=["optim.lr=1e-3,3e-3"], seeds=3), str(tmp_path))
+
+
+def test_finished_runs_are_read_back_never_trained_again(tmp_path):
+  import json
+  from ncjax.sweep import runner
+  plan = sweep.plan(load_config("clip", "model=micro"), sweep_flags=["optim.lr=1e-3,3e-3"])
+  for run in plan.runs:
+    (tmp_path / "runs" / run.name).mkdir(parents=True)
+    (tmp_path / "runs" / run.name / "result.json").write_text(json.dumps({"name": run.name}))
+  lines = []
+
+  def trained(run):
+    raise AssertionError(f"{run.name} is finished and was trained again")
+
+  records = runner.execute(plan.runs, str(tmp_path), trained, log=lines.append)
+  assert records == [{"name": r.name} for r in plan.runs]
+  assert lines == ["[sweep] 1/2 lr=0.001: done before | ETA 0:00", "[sweep] 2/2 lr=0.003: done before | ETA 0:00"]
