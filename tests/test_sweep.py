@@ -94,8 +94,9 @@ def _records():
   for index, (val, test) in enumerate([(10.0, 90.0), (20.0, 50.0)]):
     for seed in (0, 1):
       out.append(dict(name=f"p{index}_s{seed}", index=index, point={"optim.lr": [1e-3, 3e-3][index]}, seed=seed,
-                      steps=3, seconds=1.0, metrics={"val_retrieval/rsum": val + seed, "retrieval/rsum": test + 2 * seed,
-                                                     "noise_detection/auc": float("nan")}))
+                      steps=3, seconds=1.0,
+                      metrics={"val_retrieval/rsum": val + seed, "retrieval/rsum": test + 2 * seed,
+                               "noise_detection/auc": float("nan")}))
   return out
 
 

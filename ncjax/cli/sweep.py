@@ -27,10 +27,19 @@ VALIDATION_SPLIT = flags.DEFINE_string("validation_split", "", "sweep --select: 
                                        "the data's own validation split, else a fixed 10% held out of training)")
 
 
+def config_spec(argv) -> str:
+  """The --config=SPEC the command was given ('--config SPEC' too)."""
+  for i, a in enumerate(argv[1:], 1):
+    if a.startswith("--config="):
+      return a[len("--config="):]
+    if a == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return ""
+
+
 def train_command(argv, config_flag) -> list[str]:
   """`ncjax train` with the user's --config, its --config.KEY overrides, --cpu_devices and --plugins."""
-  out = ["ncjax", "train"]
-  out += [a for a in argv[1:] if a.startswith("--config=")][:1]
+  out = ["ncjax", "train", f"--config={config_spec(argv)}"]
   for key, value in config_flag.override_values.items():
     out.append(f"--config.{key}={str(value).lower() if isinstance(value, bool) else value}")
   out += [a for a in argv[1:] if a.startswith(("--cpu_devices=", "--plugins="))]
@@ -41,7 +50,7 @@ def plan_from_flags(config, argv=None):
   """The sweep the flags describe (every input checked; nothing runs)."""
   from ncjax import config_lib, sweep
   argv = sys.argv if argv is None else argv
-  spec = next((a[len("--config="):] for a in argv[1:] if a.startswith("--config=")), "")
+  spec = config_spec(argv)
   file_points = config_lib.load_sweep_points(spec) if spec else None
   return sweep.plan(config, sweep_flags=SWEEP.value, file_points=file_points, seeds=SEEDS.value,
                     index=INDEX.value, shard=SHARD.value, select=SELECT.value,

@@ -22,7 +22,7 @@ import shlex
 
 import ml_collections
 
-from ncjax import config_lib, fileio
+from ncjax import fileio
 from ncjax.sweep import grid, results, runner
 from ncjax.sweep.grid import Run, SweepError
 

@@ -79,17 +79,30 @@ class Swept:
     return _records(self.workdir, self.names)
 
 
-@pytest.fixture(scope="module", params=["small", pytest.param("full", marks=pytest.mark.slow)])
-def swept(request, tmp_path_factory):
-  return Swept(str(tmp_path_factory.mktemp(f"sweep_{request.param}") / "w"), request.param)
-
-
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
+  """The `make test` sweep, for the slow tests to compare with (`make test`'s own test runs it in its test, so that
+  xdist's workers do not each run it)."""
   return Swept(str(tmp_path_factory.mktemp("sweep_small") / "w"), "small")
 
 
-def test_index_runs_its_point_and_the_whole_sweep_the_rest_once(swept):
+def test_micro_sweep_on_digits_its_array_task_results_best_point_and_one_sweep_per_workdir(tmp_path):
+  swept = Swept(str(tmp_path / "w"), "small")
+  check_index_runs_its_point_and_the_whole_sweep_the_rest_once(swept)
+  check_results_table_plots_and_hparams(swept)
+  check_best_point_is_chosen_on_the_validation_part_and_its_command_rebuilds_the_run(swept)
+  check_another_sweep_in_the_same_workdir_is_refused_and_nothing_runs(swept)
+
+
+@pytest.mark.slow
+def test_a_2x2_grid_with_2_seeds(tmp_path):
+  swept = Swept(str(tmp_path / "w"), "full")
+  check_index_runs_its_point_and_the_whole_sweep_the_rest_once(swept)
+  check_results_table_plots_and_hparams(swept)
+  check_best_point_is_chosen_on_the_validation_part_and_its_command_rebuilds_the_run(swept)
+
+
+def check_index_runs_its_point_and_the_whole_sweep_the_rest_once(swept):
   n, p = len(swept.names), swept.points
   assert swept.task.stdout.startswith(f"sweep: {p} points x 2 seeds = {n} runs; this invocation: 2 runs of 1 points")
   assert swept.ran_by_task == swept.names[-2:]      # the last point's two seeds, nothing else
@@ -108,7 +121,7 @@ def test_index_runs_its_point_and_the_whole_sweep_the_rest_once(swept):
     assert steps[-1] == 3
 
 
-def test_results_table_plots_and_hparams(swept):
+def check_results_table_plots_and_hparams(swept):
   workdir = swept.workdir
   rows = list(csv.DictReader(open(os.path.join(workdir, "results.csv"))))
   assert sorted(r["run"] for r in rows) == sorted(swept.names)
@@ -135,7 +148,7 @@ def test_results_table_plots_and_hparams(swept):
     assert metrics["final/retrieval/rsum"] == pytest.approx(rec["metrics"]["retrieval/rsum"], rel=1e-6)
 
 
-def test_best_point_is_chosen_on_the_validation_part_and_its_command_rebuilds_the_run(swept):
+def check_best_point_is_chosen_on_the_validation_part_and_its_command_rebuilds_the_run(swept):
   workdir = swept.workdir
   best = json.load(open(os.path.join(workdir, "best.json")))
   records = swept.records()
@@ -160,7 +173,7 @@ def test_best_point_is_chosen_on_the_validation_part_and_its_command_rebuilds_th
   assert json.loads(json.dumps(cfg.to_dict(), default=str)) == saved
 
 
-def test_another_sweep_in_the_same_workdir_is_refused_and_nothing_runs(small):
+def check_another_sweep_in_the_same_workdir_is_refused_and_nothing_runs(small):
   workdir = small.workdir
   before = sorted(os.listdir(os.path.join(workdir, "runs")))
   out = _sweep(["sweep", *CONFIG, "--sweep=optim.lr=1e-3,1e-2", *SELECT, "--cpu_devices=1"], workdir)
@@ -262,6 +275,27 @@ def test_the_best_points_command_trains_the_same_run(small):
       {k[len("retrieval/"):]: v for k, v in rec.items() if k.startswith("retrieval/")}
 
 
+@pytest.mark.slow
+def test_on_two_processes_every_process_takes_the_same_run(tmp_path):
+  """A pod: 2 processes x 1 device train each run together (one JAX job) and write what 1 process x 2 devices
+  writes, run for run (to within one retrieval query: the collectives sum in another order)."""
+  args = ["sweep", *CONFIG, *GRIDS["small"], "--select=retrieval/rsum"]
+  names = ["lr=0.001", "lr=0.003"]
+  codes = multiprocess.run([*args, f"--workdir={tmp_path / 'pod'}"], processes=2, devices=1,
+                           log_dir=str(tmp_path / "logs"))
+  assert codes == [0, 0], multiprocess.logs(str(tmp_path / "logs"))
+  logs = multiprocess.logs(str(tmp_path / "logs"), tail=None)
+  assert logs.count("[sweep] 1/2 lr=0.001:") == 1 and logs.count("[sweep] 2/2 lr=0.003:") == 1   # printed by process 0
+  one = _sweep([*args, "--cpu_devices=2"], str(tmp_path / "one"))
+  assert one.returncode == 0, one.stderr[-3000:]
+  pod, ref = _records(str(tmp_path / "pod"), names), _records(str(tmp_path / "one"), names)
+  for name in names:
+    assert (pod[name]["steps"], pod[name]["noise_sha256"]) == (ref[name]["steps"], ref[name]["noise_sha256"])
+    for key in ("retrieval/rsum", "val_retrieval/rsum"):
+      assert pod[name]["metrics"][key] == pytest.approx(ref[name]["metrics"][key], abs=6 * 100 / 144 + 1e-6), key
+  assert json.load(open(tmp_path / "pod" / "best.json"))["point"] in ({"optim.lr": 1e-3}, {"optim.lr": 3e-3})
+
+
 # --- helpers ------------------------------------------------------------------------------------------------------
 def _one_error_line(out, status) -> str:
   lines = [line for line in out.stderr.splitlines() if line.strip()]
@@ -276,9 +310,11 @@ def _config_of_command(args):
   from absl import flags
   from ncjax import main
   values = flags.FlagValues()
-  flags.DEFINE_flag(main._ConfigFlag(   # noqa: SLF001
-      parser=main._ConfigSpecParser(name="config", lock_config=True), serializer=flags.ArgumentSerializer(),   # noqa: SLF001
-      name="config", default=None, help_string="", flag_values=values, sys_argv=["ncjax", *args]), flag_values=values)
+  parser = main._ConfigSpecParser(name="config", lock_config=True)   # noqa: SLF001
+  flag_class = main._ConfigFlag   # noqa: SLF001
+  flag = flag_class(parser=parser, serializer=flags.ArgumentSerializer(), name="config", default=None,
+                    help_string="", flag_values=values, sys_argv=["ncjax", *args])
+  flags.DEFINE_flag(flag, flag_values=values)
   values(["ncjax", *args], known_only=True)
   return values.config
 
