@@ -308,7 +308,7 @@ def _one_error_line(out, status) -> str:
 def _config_of_command(args):
   """The config `ncjax train ARGS` builds, parsed by the CLI's own --config flag (on flags of its own)."""
   from absl import flags
-  from ncjax import main
+  from ncjax.cli import main
   values = flags.FlagValues()
   parser = main._ConfigSpecParser(name="config", lock_config=True)   # noqa: SLF001
   flag_class = main._ConfigFlag   # noqa: SLF001
