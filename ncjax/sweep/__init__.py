@@ -4,7 +4,7 @@ mean ± std over seeds, plots, TensorBoard's HParams and the best point chosen o
 
 `plan(...)` checks everything the user gave and builds the sweep (no JAX, nothing written); `run(...)` trains the
 runs this invocation takes and writes the results once every run is finished. `ncjax sweep` (ncjax/cli/sweep.py)
-and NC-bench (ncjax/ncbench.py) run through here. Modules: `grid` (points, values, run names, index and shard,
+and NC-bench (ncjax/cli/ncbench.py) run through here. Modules: `grid` (points, values, run names, index and shard,
 the definition a workdir keeps), `runner` (training each run, marked finished), `results` (tables, plots,
 best.json, HParams).
 
