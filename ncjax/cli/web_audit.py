@@ -96,7 +96,7 @@ def open_web(spec: str, cfg=None) -> list[web.WebDataset]:
     raise errors.ConfigurationError(f"a web audit scores 'web:ROOT' data, got {spec!r}")
   w = _web_spec(cfg)
   policy = store.RetryPolicy(deadline_s=float(w.io_deadline_s), request_timeout_s=float(w.request_timeout_s))
-  store.bound_requests(policy.request_timeout_s)
+  fileio.bound_requests(policy.request_timeout_s)
   return [web.open_dataset(root, caption_key=w.caption_key, clean_key=w.clean_key, cache_dir=w.cache_dir,
                            policy=policy) for root in web_pipeline.parse_roots(spec)]
 

@@ -63,6 +63,9 @@ def main(argv=None) -> int:
   p.add_argument("--output_dir", default="", help="web with --table: where the table's pairs are written as "
                  "webdataset shards (default MANUAL_DIR/_ncjax_web), then indexed")
   p.add_argument("--per_shard", type=int, default=10_000, help="web with --table: pairs per tar shard")
+  p.add_argument("--io_deadline_s", type=float, default=300.0, help="web: how long a read retries a store that does "
+                 "not answer before the build stops (relaunch it: scanned shards are kept)")
+  p.add_argument("--request_timeout_s", type=float, default=60.0, help="web: one request to the store, at most")
   args = p.parse_args(argv)
   if args.dataset == "web":
     return build_web(args)
@@ -98,6 +101,7 @@ def build_web(args) -> int:
     print("error: --dataset=web needs --manual_dir=ROOT (img2dataset's output)", file=sys.stderr)
     return 2
   t0 = time.perf_counter()
+  fileio.bound_requests(args.request_timeout_s)
   try:
     if args.table:   # a CSV/TSV of (image path, caption) -> webdataset shards, then their index
       from ncjax.data.web import from_table as web_from_table
@@ -112,11 +116,13 @@ def build_web(args) -> int:
             f"({written['failed']} rows without a readable image); indexing", file=sys.stderr)
       args.clean_column = "clean" if args.clean_column else ""
     if args.merge and args.num_hosts > 1:
-      manifest = web_index.merge_index(args.manual_dir, args.index_dir, clean_key=args.clean_column or "")
+      manifest = web_index.merge_index(args.manual_dir, args.index_dir, clean_key=args.clean_column or "",
+                                       deadline_s=args.io_deadline_s)
     else:
       manifest = web_index.build_index(args.manual_dir, index_dir=args.index_dir, workers=args.workers,
                                  num_hosts=args.num_hosts, host_index=args.host_index,
                                  clean_key=args.clean_column or "", merge=True if args.merge else None,
+                                 deadline_s=args.io_deadline_s, request_timeout_s=args.request_timeout_s,
                                  progress=lambda done, total: print(f"\r{done}/{total} shards", end="",
                                                                     file=sys.stderr, flush=True))
   except (readers.DataFormatError, fileio.StorageError) as e:

@@ -308,7 +308,7 @@ def test_store_faults_are_retried_until_the_deadline_and_never_become_bad_record
   policy = store.RetryPolicy(deadline_s=2.0, first_backoff_s=0.01, max_backoff_s=0.05)
   transient = [ConnectionRefusedError(errno.ECONNREFUSED, "refused"), TimeoutError("slow"),
                aiohttp.ClientConnectionError("reset"), _http_error(503), _http_error(429),
-               OSError(errno.ECONNRESET, "reset by peer"), _http_error(401),
+               OSError(errno.ECONNRESET, "reset by peer"),
                __import__("ssl").SSLError(1, "[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC]"),
                __import__("asyncio").IncompleteReadError(b"", 100), _listing_page_cut()]
   for e in transient:
@@ -322,8 +322,7 @@ def test_store_faults_are_retried_until_the_deadline_and_never_become_bad_record
   assert time.monotonic() - t < 3.0                                  # stops at the deadline
   for e, kind, raised in ((FileNotFoundError("gone"), "missing", store.ShardMissing),
                           (_http_error(404), "missing", store.ShardMissing),
-                          (_http_error(403), "fatal", fileio.StorageError),
-                          (PermissionError(errno.EACCES, "denied"), "fatal", fileio.StorageError),
+                          (_http_error(400), "fatal", fileio.StorageError),
                           (OSError(errno.EIO, "disk"), "fatal", fileio.StorageError),
                           (_json_error_of_ours(), "fatal", fileio.StorageError)):   # a file of ours, not the store
     assert store.classify(e) == kind, e
@@ -573,7 +572,7 @@ def test_a_streamed_read_gets_a_whole_deadline_for_each_fault_after_reads_recove
   web_synthetic.write_img2dataset(root, 0, shard_sizes=[60], image_size=8, pool=4)
   ds = web.open_dataset(root, use_index=False)
   ds.policy = store.RetryPolicy(deadline_s=0.6, first_backoff_s=0.01, max_backoff_s=0.02)
-  real = fileio.open_sequential
+  real = store.open_stream
   state = {"opens": 0}
 
   class Blip:
@@ -601,7 +600,7 @@ def test_a_streamed_read_gets_a_whole_deadline_for_each_fault_after_reads_recove
     fail_after = {1: size // 4, 2: size // 2}.get(state["opens"])   # two blips, reads recover in between
     return Blip(real(path, *a, **k), fail_after)
 
-  monkeypatch.setattr(fileio, "open_sequential", flaky_open)
+  monkeypatch.setattr(store, "open_stream", flaky_open)
   samples = list(ds.iter_shard(0))
   assert len(samples) == 60 and not any(x.bad for x in samples) and state["opens"] == 3
 

@@ -102,7 +102,7 @@ def test_a_shard_replaced_or_deleted_in_the_bucket_after_the_build_is_one_clear_
     data = fileio.read_bytes(shard)
     fileio.write_bytes(shard, data)            # the same bytes, uploaded again: a new generation
     # mid-run: the reads are pinned to the indexed generation
-    with pytest.raises(store.ShardChanged, match=r"00001.tar: the generation \d+ the index was built from is gone"):
+    with pytest.raises(store.ShardChanged, match=r"00001.tar: the version \d+ this run listed is gone"):
       ds.read(100)
     # at start-up: one listing, compared with the manifest
     with pytest.raises(store.ShardChanged, match=r"1 shards under gs://.* changed after the index was built "
@@ -246,6 +246,7 @@ def test_a_stalled_store_ends_a_streamed_read_and_an_index_open_by_themselves(tm
   import fsspec.config
   _gcsfs_tries_once(monkeypatch)
   monkeypatch.setattr(fsspec.config, "conf", {})
+  monkeypatch.setattr(fileio, "_bound", dict(fileio._bound))   # noqa: SLF001 — this test's bound stays here
   with GCSServer() as server, LatencyProxy(server.port, 3600.0) as stalled:
     root = server.path("web")
     _write(root)
@@ -257,7 +258,7 @@ def test_a_stalled_store_ends_a_streamed_read_and_an_index_open_by_themselves(tm
       monkeypatch.setenv(key, value)
     fsspec.filesystem("gcs").clear_instance_cache()
     policy = store.RetryPolicy(deadline_s=2.0, request_timeout_s=1.0, first_backoff_s=0.2)
-    store.bound_requests(policy.request_timeout_s)
+    fileio.bound_requests(policy.request_timeout_s)
     streamed.policy = policy
     for attempt in (lambda: next(streamed.iter_shard(1)),
                     lambda: web_index.WebIndex.open(web_index.index_dir_of(root), str(tmp_path / "c"), policy)):

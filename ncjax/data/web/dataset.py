@@ -45,6 +45,7 @@ from ncjax.data.web import store
 from ncjax.data.web import index as web_index
 
 log = logging.getLogger("ncjax")
+STREAM_BUFFER = 8 << 20   # bytes per request of a streamed shard on an object store
 
 # The tar layer and the index, under the names this module always had (readers of a web dataset import them here)
 from ncjax.data.web.index import (INDEX_DIRNAME, _stem, list_shards, metadata_count,  # noqa: E402,F401
@@ -137,7 +138,7 @@ class WebDataset:
 
   def version_of(self, s: int) -> str:
     """What a ranged read of shard s pins: an object's generation, a local file's pin (size, mtime, inode)."""
-    if fileio.is_remote(self.shards[s]):
+    if store.local_path(self.shards[s]) is None:
       return str(self.versions[s]) if self.versions else ""
     return self.pins[s] if self.pins else ""
 
@@ -150,13 +151,12 @@ class WebDataset:
     base, n = int(self.starts[s]), int(self.counts[s])
     last = n if last is None else min(int(last), n)
     path, j, resume_at, error = self.shards[s], 0, 0, ""
-    first_failure, attempt, failed_at = None, 0, 0
+    first_failure, attempt, failed_at, tries = None, 0, 0, {}
     pin = self.pins[s] if self.pins else ""
-    store.check_pin(path, pin, self.policy)   # not another file behind the same ids
     while True:
       began = time.monotonic()
       try:
-        with fileio.open_sequential(path) as f:
+        with store.open_stream(path, pin, STREAM_BUFFER) as f:   # never another file behind the same ids
           if resume_at:
             f.seek(resume_at)
           for key, begin, end, parts in iter_samples(f, start=resume_at):
@@ -181,7 +181,7 @@ class WebDataset:
         progressed, failed_at = resume_at > failed_at, resume_at
         if first_failure is None or progressed:   # reads recovered since the last fault: a whole deadline again,
           first_failure, attempt = (time.monotonic() if progressed else began), 0   # counted from this fault
-        time.sleep(self.policy.failed(path, e, first_failure, attempt))
+        time.sleep(self.policy.failed(path, e, first_failure, attempt, tries))
         attempt += 1
     if j < last:
       store.check_pin(path, pin, self.policy)   # a file cut or replaced while it was read is not the data's fault
@@ -237,7 +237,7 @@ class WebDataset:
 def _portable(path: str, pin: str) -> str:
   """A pin as a checkpoint records it: a local file's without its inode (the hosts of a pod, or a restarted host,
   hold their own copies: same size and modification time when copied with rsync -a / cp -p, not the same inode)."""
-  return pin if fileio.is_remote(path) else ":".join(pin.split(":")[:2])
+  return pin if store.local_path(path) is None else ":".join(pin.split(":")[:2])
 
 
 def parse_run(ds: WebDataset, s: int, start: int, first_id: int, n: int, data: bytes) -> dict[int, Sample]:
@@ -289,7 +289,8 @@ def open_dataset(root: str, *, index_dir: str = "", use_index: bool = True, capt
       clean_key = manifest["clean_key"]
     return WebDataset(root, shards, manifest["counts"], index=index, caption_key=caption_key, clean_key=clean_key,
                       versions=versions, policy=policy, pins=pins)
-  infos = store.list_files(root, ".tar", policy) if fileio.is_remote(root) or os.path.isdir(root) else []
+  local = store.local_path(root)
+  infos = store.list_files(root, ".tar", policy) if local is None or os.path.isdir(local) else []
   if not infos:
     list_shards(root)   # raises with what is there
   shards = [o.path for o in infos]

@@ -77,8 +77,8 @@ def _stem(tar_path: str) -> str:
 
 def list_shards(root: str, policy=None) -> list[str]:
   """The tar shards under `root` (any depth), sorted; a missing or empty root raises with what is there."""
-  found = [o.path for o in store.list_files(root, ".tar", policy)] if fileio.is_remote(root) or os.path.isdir(root) \
-      else []
+  local = store.local_path(root)
+  found = [o.path for o in store.list_files(root, ".tar", policy)] if local is None or os.path.isdir(local) else []
   if not found:
     listing = readers._listing(root) if not fileio.is_remote(root) else f"{root} holds no .tar"
     raise readers.DataFormatError(f"no WebDataset shards (*.tar) under {root}: expected img2dataset's output "
@@ -141,10 +141,13 @@ def scan_shard(task) -> dict:
   """One shard's sample offsets (first header byte of each sample), its region end and, with a clean key, the
   clean flags: only headers and the small .json members are read from a local file (images are skipped by
   seeking); an object is read front to back once (one GET when it is small). Transient store faults are retried
-  (ncjax.data.web.store). task: (path, expected count or None, clean key, deadline s[, size])."""
+  (ncjax.data.web.store). task: (path, expected count or None, clean key, deadline s[, size[, request timeout s]])
+  — a build's worker processes bound their requests as the build does."""
   path, expected, clean_key, deadline_s = task[:4]
   size = task[4] if len(task) > 4 else None
-  policy = store.RetryPolicy(deadline_s=deadline_s)
+  if len(task) > 5 and task[5] != fileio.request_timeout_s():
+    fileio.bound_requests(task[5])
+  policy = store.RetryPolicy(deadline_s=deadline_s, request_timeout_s=fileio.request_timeout_s())
   return policy.call(lambda: _scan(path, expected, clean_key, size), path)
 
 
@@ -205,14 +208,17 @@ def _part_matches(part: dict, name: str, info: store.ObjectInfo) -> bool:
 
 def build_index(root: str, *, index_dir: str = "", workers: int = 0, num_hosts: int = 1, host_index: int = 0,
                 clean_key: str = "", merge: bool | None = None, progress=None,
-                deadline_s: float = store.DEFAULT_DEADLINE_S) -> dict | None:
+                deadline_s: float = store.DEFAULT_DEADLINE_S, request_timeout_s: float | None = None) -> dict | None:
   """Index the shards of `root`: host `host_index` of `num_hosts` scans shards host_index::num_hosts with
   `workers` processes (0: one per usable core), writing one part per shard (a part already written for the same
   shard name, size and version is kept, so an interrupted build continues); `merge` (default: on a single host)
   joins the parts into the index files. Returns the manifest when merged. One listing and concurrent reads of the
-  shards' metadata: no per-shard round trips before the scan."""
+  shards' metadata: no per-shard round trips before the scan. A store that stops answering ends the build within
+  `deadline_s` plus one request (`request_timeout_s`, default fileio's bound) with StoreUnavailable."""
   from ncjax.data.tables.sources import usable_cores
-  policy = store.RetryPolicy(deadline_s=deadline_s)
+  if request_timeout_s is not None:
+    fileio.bound_requests(request_timeout_s)
+  policy = store.RetryPolicy(deadline_s=deadline_s, request_timeout_s=fileio.request_timeout_s())
   index_dir = index_dir_of(root, index_dir)
   shards = _listing(root, policy)
   names = [relative(root, o.path) for o in shards]
@@ -225,7 +231,8 @@ def build_index(root: str, *, index_dir: str = "", workers: int = 0, num_hosts: 
     mine = [s for s in mine if part_path(index_dir, names[s]) not in have or s in stale]
   counts = metadata_counts([shards[s].path for s in mine], policy=policy)
   workers = workers or usable_cores()
-  tasks = [(shards[s].path, counts[k], clean_key, deadline_s, shards[s].size) for k, s in enumerate(mine)]
+  tasks = [(shards[s].path, counts[k], clean_key, deadline_s, shards[s].size, policy.request_timeout_s)
+           for k, s in enumerate(mine)]
   chunk = max(1, min(SCAN_THREADS * 2, len(tasks) // max(1, workers * 4)))
   chunks = [(mine[i:i + chunk], tasks[i:i + chunk]) for i in range(0, len(tasks), chunk)]
   done = 0
@@ -256,7 +263,8 @@ def build_index(root: str, *, index_dir: str = "", workers: int = 0, num_hosts: 
         pool.join()
   if merge is None:
     merge = num_hosts == 1
-  return merge_index(root, index_dir, clean_key, listing=shards, deadline_s=deadline_s) if merge else None
+  return merge_index(root, index_dir, clean_key, listing=shards, deadline_s=deadline_s, policy=policy) if merge \
+      else None
 
 
 def _read_parts(index_dir: str, names: list[str], policy: store.RetryPolicy) -> list[dict | None]:
@@ -279,10 +287,10 @@ def _digest_name(prefix: str, array: np.ndarray) -> tuple[str, bytes]:
 
 
 def merge_index(root: str, index_dir: str = "", clean_key: str = "", *, listing=None,
-                deadline_s: float = store.DEFAULT_DEADLINE_S) -> dict:
+                deadline_s: float = store.DEFAULT_DEADLINE_S, policy: store.RetryPolicy | None = None) -> dict:
   """Join the per-shard parts (every host's) into the index files; raises naming the shards not yet scanned or
   scanned from another version of the shard."""
-  policy = store.RetryPolicy(deadline_s=deadline_s)
+  policy = policy or store.RetryPolicy(deadline_s=deadline_s, request_timeout_s=fileio.request_timeout_s())
   index_dir = index_dir_of(root, index_dir)
   shards = listing if listing is not None else _listing(root, policy)
   names = [relative(root, o.path) for o in shards]

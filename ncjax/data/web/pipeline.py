@@ -137,7 +137,7 @@ def open_datasets(spec: InputSpec) -> list[web.WebDataset]:
   """The datasets `spec.dataset` names ('web:A::B'), opened with `spec.web`'s settings."""
   w = spec.web
   policy = store.RetryPolicy(deadline_s=float(w.io_deadline_s), request_timeout_s=float(w.request_timeout_s))
-  store.bound_requests(policy.request_timeout_s)
+  fileio.bound_requests(policy.request_timeout_s)
   return [web.open_dataset(r, use_index=w.mode != "stream", caption_key=w.caption_key, clean_key=w.clean_key,
                            cache_dir=w.cache_dir, policy=policy)
           for r in parse_roots(spec.dataset)]

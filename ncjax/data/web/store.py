@@ -2,15 +2,19 @@
 ranged reads in flight at once, a listing that records what each shard *is* (size and, on an object store, its
 generation), and a fault policy that never turns a fault of the store into a fault of the data.
 
-Faults. A read can fail three ways, and each has one outcome:
+Faults. A read can fail four ways, and each has one outcome:
 * the store is unreachable or overloaded (timeouts, refused or reset connections, HTTP 408 / 429 / 5xx): *transient*
   — the read is retried with exponential backoff (1 s doubling to 30 s) until it succeeds or `deadline_s` seconds
   have passed since its first failure; then the run stops with one line (`StoreUnavailable`), its last checkpoint
-  intact, and relaunching the same command resumes it exactly. gcsfs retries each request itself for about 30 s
-  first (pods.md §7), so a read gives up at most `deadline_s` + ~40 s after the store went away;
-* the object is gone (404, FileNotFoundError) or is not the one the index was built from (another size or
-  generation: `ShardChanged`): one line naming the shard, at start-up or on its first read — never a bad record;
-* anything else the store says (403, 400, a local EIO): not retried, one line naming the path.
+  intact, and relaunching the same command resumes it exactly. Every request is bounded (fileio.bound_requests), so
+  a read gives up at most `deadline_s` + one request's timeout after the store went away (gcsfs retries a request
+  that failed fast itself for about 30 s first, pods.md §7);
+* the store answers for good: its TLS certificate does not verify, or it refuses the credentials (HTTP 401 / 403,
+  once more after a credential refresh) — `StoreRefused`, at once, in one line saying which;
+* the object is gone (404, FileNotFoundError) or is not the one the run listed (another size, generation or, for a
+  local file, modification time or inode — compared with every read, `ShardChanged`): one line naming the shard —
+  never a bad record;
+* anything else the store says (400, a local EIO): not retried, one line naming the path.
 The data's own faults (a cut tar member, an undecodable image, an empty caption, invalid UTF-8) are decided above
 this module, after the bytes arrived: those records are skipped and counted.
 
@@ -27,9 +31,11 @@ import asyncio
 import concurrent.futures as cf
 import dataclasses
 import errno
+import io
 import logging
 import os
 import random
+import re
 import threading
 import time
 
@@ -51,6 +57,11 @@ class StoreUnavailable(fileio.StorageError):
   """The store did not answer a read for the whole retry deadline: the run stops (its checkpoints are intact)."""
 
 
+class StoreRefused(fileio.StorageError):
+  """The store answered, and will answer the same however long one waits: its TLS certificate does not verify, or it
+  refuses the credentials (HTTP 401 / 403 after one refresh). The run stops at once, in one line."""
+
+
 class ShardMissing(DataFormatError):
   """A shard the dataset (or its index) names is not there."""
 
@@ -70,13 +81,47 @@ def _http_status(e: BaseException) -> int | None:
   return None
 
 
+def _chain(e: BaseException):
+  """e and the exceptions it was raised from (its cause or context), innermost last."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    yield e
+    e = e.__cause__ or e.__context__
+
+
+def _tls_verification_failed(e: BaseException) -> bool:
+  import ssl
+  for x in _chain(e):
+    if isinstance(x, ssl.SSLCertVerificationError) or type(x).__name__ == "ClientConnectorCertificateError":
+      return True
+    if "CERTIFICATE_VERIFY_FAILED" in str(x):   # requests' and urllib3's wrappers keep only the text
+      return True
+  return False
+
+
+def _refused_access(e: BaseException) -> bool:
+  """HTTP 401 or 403: from aiohttp or gcsfs (its HttpError; a 403 it raises as OSError('Forbidden: ...')), or an
+  s3fs PermissionError (botocore's AccessDenied)."""
+  if isinstance(e, PermissionError):
+    return True
+  if isinstance(e, OSError) and str(e).startswith("Forbidden") and _raised_in(e, ("gcsfs",)):
+    return True
+  return _http_status(e) in (401, 403) and not isinstance(e, OSError)
+
+
 def classify(e: BaseException) -> str:
-  """'transient' (retry it), 'missing' (the object is not there) or 'fatal' (stop with one line) for an exception
-  raised by a read."""
+  """'transient' (retry it), 'missing' (the object is not there), 'access' (refused: retried once after a credential
+  refresh), 'tls' (the store's certificate does not verify: never retried) or 'fatal' (stop with one line) for an
+  exception raised by a read."""
   if isinstance(e, (FileNotFoundError, ShardMissing)):
     return "missing"
-  if isinstance(e, (ShardChanged, DataFormatError, PermissionError)):
+  if isinstance(e, (ShardChanged, DataFormatError, StoreRefused)):
     return "fatal"
+  if _tls_verification_failed(e):
+    return "tls"
+  if _refused_access(e):
+    return "access"
   import json
   if isinstance(e, (TimeoutError, asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError)):
     return "transient"
@@ -85,8 +130,6 @@ def classify(e: BaseException) -> str:
   import ssl
   if isinstance(e, ssl.SSLError):   # a TLS session cut mid-read (its errno is the TLS library's, not the OS's)
     return "transient"
-  if _http_status(e) == 401 and not isinstance(e, OSError):
-    return "transient"               # an expired token that gcsfs's own tries did not refresh: refreshed on a retry
   status = _http_status(e)
   if status is not None and not isinstance(e, OSError):
     if status == 404:
@@ -128,14 +171,30 @@ class RetryPolicy:
   def backoff(self, attempt: int) -> float:
     return min(self.max_backoff_s, self.first_backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
 
-  def failed(self, what: str, e: BaseException, first_failure: float, attempt: int) -> float:
-    """The seconds to wait before the next try of a transiently failed read, or raise the error it ends in."""
+  def failed(self, what: str, e: BaseException, first_failure: float, attempt: int,
+             tries: dict | None = None) -> float:
+    """The seconds to wait before the next try of a failed read, or raise the error it ends in. `tries`: the read's
+    own record across its tries (whether its credentials were refreshed)."""
     kind = classify(e)
+    if kind == "tls":
+      raise StoreRefused(errno.EACCES, f"reading {what}: the store's TLS certificate does not verify "
+                         f"({_reason(e)}); not retried: check the store's address (an endpoint or STORAGE_EMULATOR_HOST "
+                         f"setting), the CA certificates (SSL_CERT_FILE) or a proxy that intercepts TLS") from None
+    if kind == "access":
+      tries = {} if tries is None else tries
+      if not tries.get("refreshed"):
+        tries["refreshed"] = True
+        fileio.refresh_credentials(re.search(r"\S+://\S+", what).group(0) if "://" in what else what)
+        log.warning("reading %s: %s; the credentials were refreshed, trying once more", what, _reason(e))
+        return 0.0
+      raise StoreRefused(errno.EACCES, f"reading {what}: the store refused access ({_reason(e)}) again after the "
+                         f"credentials were refreshed: check them (GOOGLE_APPLICATION_CREDENTIALS, gcloud auth "
+                         f"application-default login, AWS_PROFILE) and their permission to read this bucket") from None
     if kind == "missing":
       raise ShardMissing(f"{what}: the object is not there ({_reason(e)}): it was deleted or renamed after the "
                          f"dataset was listed or indexed; restore it, or rebuild the index") from None
     if kind == "fatal":
-      if isinstance(e, (DataFormatError, StoreUnavailable)):   # already decided (a nested call's deadline)
+      if isinstance(e, (DataFormatError, StoreUnavailable, StoreRefused)):   # already decided (a nested call)
         raise e
       raise fileio.StorageError(errno.EIO, f"reading {what} failed: {_reason(e)} (not retried: check the path, "
                                            f"its permissions and the credentials)") from None
@@ -151,14 +210,14 @@ class RetryPolicy:
 
   def call(self, fn, what: str):
     """fn() with transient failures retried until the deadline."""
-    first, attempt = None, 0
+    first, attempt, tries = None, 0, {}
     while True:
       began = time.monotonic()
       try:
         return fn()
       except Exception as e:  # noqa: BLE001 — classified by `failed`
         first = began if first is None else first   # the deadline counts from the first failing try's start
-        time.sleep(self.failed(what, e, first, attempt))
+        time.sleep(self.failed(what, e, first, attempt, tries))
         attempt += 1
 
 
@@ -195,7 +254,48 @@ def _stat_info(path: str, st: os.stat_result) -> ObjectInfo:
 
 
 def _local_info(path: str) -> ObjectInfo:
-  return _stat_info(path, os.stat(path))
+  return _stat_info(path, os.stat(local_path(path)))
+
+
+def local_pin(pin: str) -> tuple:
+  """A local file's pin as (size, mtime_ns, inode) — what fstat of an open descriptor is compared with."""
+  parts = pin.split(":")
+  return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) > 2 else 0
+
+
+def check_descriptor(path: str, fd: int, pin: tuple) -> None:
+  """Raise ShardChanged when the open file `fd` is no longer the file `pin` (local_pin) describes: written in place,
+  truncated or replaced (`cp` over it keeps the inode, not the modification time). One fstat: ~1 µs."""
+  st = os.fstat(fd)
+  if (st.st_size, st.st_mtime_ns, st.st_ino if pin[2] else 0) != pin:
+    raise _pin_changed(path, ":".join(map(str, pin if pin[2] else pin[:2])), _stat_info(path, st).pin)
+
+
+def pin_kwargs(path: str, version: str) -> dict:
+  """What a read of `path` passes to its filesystem to get exactly `version` of the object, never a newer one: gcsfs's
+  `generation`, s3fs's `version_id` (a VersionId: an S3 listing's ETag names no version a GET can ask for)."""
+  if not version:
+    return {}
+  protocol = path.split("://", 1)[0]
+  if protocol in ("gs", "gcs"):
+    return {"generation": version}
+  if protocol in ("s3", "s3a") and not version.startswith('"'):
+    return {"version_id": version}
+  return {}
+
+
+def local_path(path: str) -> str | None:
+  """The file system path of a local path or a `file://` URL (read as a local file: pinned, checked), else None."""
+  path = str(path)
+  if path.startswith("file://"):
+    return path[len("file://"):]
+  return None if fileio.is_remote(path) else path
+
+
+def _version_gone(path: str, version: str) -> "ShardChanged":
+  return ShardChanged(f"{path}: the version {version} this run listed is gone: the object was replaced or deleted "
+                      f"since (a read never takes a newer version); restore it, or start a new run (and rebuild the "
+                      f"index: python -m ncjax.data.build --dataset=web)")
 
 
 def _pin_changed(path: str, pin: str, now: str) -> "ShardChanged":
@@ -213,46 +313,34 @@ def check_pin(path: str, pin: str, policy: "RetryPolicy | None" = None) -> None:
     raise _pin_changed(path, pin, now)
 
 
-def bound_requests(seconds: float) -> None:
-  """Every request gcsfs makes from now on gives up after `seconds` (gcsfs's default is no timeout at all, so a
-  store that keeps a connection open and sends nothing hung a streamed read, a listing or an index download for
-  ever). gcsfs still retries a request that timed out (6 tries, ~35 s of backoff), then ncjax's RetryPolicy until
-  input.web.io_deadline_s: every remote call is bounded."""
-  import fsspec.config
-  for protocol in ("gs", "gcs"):
-    fsspec.config.conf.setdefault(protocol, {})["requests_timeout"] = float(seconds)
-
-
 def list_files(root: str, suffix: str, policy: RetryPolicy | None = None) -> list[ObjectInfo]:
   """Every file under `root` (any depth) whose name ends with `suffix`, sorted, hidden names left out: one recursive
   listing (an object store answers it in pages of 1,000 objects, sizes and generations included)."""
   policy = policy or RetryPolicy()
-  if fileio.is_remote(root):
-    import fsspec
+  if local_path(root) is None:
     protocol = root.split("://", 1)[0]
 
     def listing():
-      fs, inner = fsspec.core.url_to_fs(root)
+      fs, inner = fileio.filesystem(root)
       fs.invalidate_cache()
       return fs.find(inner.rstrip("/"), detail=True)
 
     found = policy.call(listing, f"the listing of {root}")
     return sorted((_remote_info(f"{protocol}://{p}", e) for p, e in found.items()
                    if p.endswith(suffix) and not os.path.basename(p).startswith(".")), key=lambda o: o.path)
-  out = []
-  for directory, dirs, files in os.walk(root):
+  out, base = [], local_path(root)
+  prefix = root[:len(root) - len(base)]   # 'file://' kept in the paths listed under a file:// root
+  for directory, dirs, files in os.walk(base):
     dirs.sort()
-    out.extend(_local_info(os.path.join(directory, f)) for f in files
+    out.extend(_local_info(prefix + os.path.join(directory, f)) for f in files
                if f.endswith(suffix) and not f.startswith("."))
   return sorted(out, key=lambda o: o.path)
 
 
 def info(path: str, policy: RetryPolicy | None = None) -> ObjectInfo:
-  if fileio.is_remote(path):
-    import fsspec
-
+  if local_path(path) is None:
     def get():
-      fs, inner = fsspec.core.url_to_fs(path)
+      fs, inner = fileio.filesystem(path)
       fs.invalidate_cache(inner)
       return fs.info(inner)
 
@@ -280,6 +368,98 @@ def read_many(paths: list[str], policy: RetryPolicy | None = None, workers: int 
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# a pinned file read front to back (streamed shards)
+# ---------------------------------------------------------------------------------------------------------------
+class _LocalStream(io.RawIOBase):
+  """A local file read front to back, its descriptor's fstat compared with the pin after every read (one fstat per
+  buffer refill): a file written in place while it is streamed is one error, never its new bytes."""
+
+  def __init__(self, path: str, pin: str):
+    self.path, self.pin = path, local_pin(pin)
+    self.fd = os.open(local_path(path), os.O_RDONLY)
+    try:
+      check_descriptor(path, self.fd, self.pin)
+    except ShardChanged:
+      os.close(self.fd)
+      raise
+
+  def readable(self):
+    return True
+
+  def seekable(self):
+    return True
+
+  def readinto(self, b) -> int:
+    n = os.readv(self.fd, [b])
+    check_descriptor(self.path, self.fd, self.pin)
+    return n
+
+  def seek(self, offset: int, whence: int = 0) -> int:
+    return os.lseek(self.fd, offset, whence)
+
+  def tell(self) -> int:
+    return os.lseek(self.fd, 0, os.SEEK_CUR)
+
+  def close(self):
+    if not self.closed:
+      os.close(self.fd)
+    super().close()
+
+
+class _RemoteStream(io.RawIOBase):
+  """An object read front to back in ranged requests that each ask for the pinned version (`pin_kwargs`): a new
+  piece, or a retry that reopens the stream, never reads another version; a piece shorter than the pinned size
+  promises is ShardChanged. Each request is bounded (fileio.bound_requests)."""
+
+  def __init__(self, path: str, size: int, version: str):
+    self.path, self.size, self.version, self.pos = path, int(size), version, 0
+    self.fs, self.inner = fileio.filesystem(path)
+    self.kwargs = pin_kwargs(path, version)
+
+  def readable(self):
+    return True
+
+  def seekable(self):
+    return True
+
+  def readinto(self, b) -> int:
+    end = min(self.size, self.pos + len(b))
+    if end <= self.pos:
+      return 0
+    try:
+      data = self.fs.cat_file(self.inner, start=self.pos, end=end, **self.kwargs)
+    except FileNotFoundError:
+      if self.kwargs:
+        raise _version_gone(self.path, self.version) from None
+      raise
+    if len(data) != end - self.pos:
+      raise ShardChanged(f"{self.path}: {len(data)} of the {end - self.pos} bytes at {self.pos} were returned: the "
+                         f"object is not the one listed (replaced or truncated)")
+    b[:len(data)] = data
+    self.pos = end
+    return len(data)
+
+  def seek(self, offset: int, whence: int = 0) -> int:
+    self.pos = {0: 0, 1: self.pos, 2: self.size}[whence] + int(offset)
+    return self.pos
+
+  def tell(self) -> int:
+    return self.pos
+
+
+def open_stream(path: str, pin: str = "", buffer_size: int = 8 << 20):
+  """A binary file object of `path` for reading front to back (a tar parsed header by header) that never returns
+  bytes of another version than `pin` (ObjectInfo.pin): local, the open descriptor checked after every read; on an
+  object store, every request asks for the pinned version. Without a pin, fileio.open_sequential."""
+  if not pin:
+    return fileio.open_sequential(path, buffer_size)
+  if local_path(path) is not None:
+    return io.BufferedReader(_LocalStream(path, pin), buffer_size=min(buffer_size, 1 << 20))
+  size, version = pin.split(":")[:2]
+  return io.BufferedReader(_RemoteStream(path, int(size), version), buffer_size=buffer_size)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # ranged reads, many in flight
 # ---------------------------------------------------------------------------------------------------------------
 class _LocalFiles:
@@ -287,26 +467,34 @@ class _LocalFiles:
   is reading through it (a closed descriptor's number is reused by the next open: reading then returns another
   file's bytes)."""
 
-  def __init__(self, limit: int = 256):
-    self.limit, self.lock = max(1, int(limit)), threading.Lock()
-    self.fds: dict[str, list] = {}   # path -> [fd, readers in flight]; insertion order = recency
+  def __init__(self, limit: int = 256, check: bool = True):
+    self.limit, self.lock, self.check = max(1, int(limit)), threading.Lock(), bool(check)
+    self.fds: dict[str, list] = {}   # path -> [fd, readers in flight, pin]; insertion order = recency
 
   def pread(self, path: str, start: int, end: int, pin: str = "") -> bytes:
+    """Bytes [start, end) of `path`; with a pin, the descriptor's fstat is compared with it after the read (a file
+    written in place while it is open is one error, never its new bytes)."""
     with self.lock:
       entry = self.fds.pop(path, None)
       if entry is None:
         fd = os.open(path, os.O_RDONLY)
-        if pin:   # the file opened must be the one listed (same size, modification time and inode)
-          now = _stat_info(path, os.fstat(fd)).pin
-          if now != pin:
+        expected = local_pin(pin) if pin else None
+        if expected is not None:   # the file opened must be the one listed (same size, modification time and inode)
+          try:
+            check_descriptor(path, fd, expected)
+          except ShardChanged:
             os.close(fd)
-            raise _pin_changed(path, pin, now)
-        entry = [fd, 0]
+            raise
+        entry = [fd, 0, expected]
+      elif pin and entry[2] is None:   # opened by an unpinned read: pinned from now on
+        entry[2] = local_pin(pin)
       entry[1] += 1
       self.fds[path] = entry
       self._evict()
     try:
       out = os.pread(entry[0], end - start, start)
+      if entry[2] is not None and self.check:
+        check_descriptor(path, entry[0], entry[2])   # after the read: a change that began before it ended is seen
     finally:
       with self.lock:
         entry[1] -= 1
@@ -322,14 +510,14 @@ class _LocalFiles:
     for path in list(self.fds):
       if len(self.fds) <= self.limit:
         return
-      fd, readers = self.fds[path]
+      fd, readers, _ = self.fds[path]
       del self.fds[path]
       if readers == 0:
         os.close(fd)
 
   def close(self):
     with self.lock:
-      for fd, readers in self.fds.values():
+      for fd, readers, _ in self.fds.values():
         if readers == 0:
           os.close(fd)
       self.fds.clear()
@@ -337,9 +525,10 @@ class _LocalFiles:
 
 @dataclasses.dataclass(frozen=True)
 class Range:
-  """Bytes [start, end) of `path`; `version` pins an object store's generation (a replaced object then reads as
-  missing instead of returning another object's bytes), or a local file's pin (ObjectInfo.pin: checked when the file
-  is opened)."""
+  """Bytes [start, end) of `path`; `version` pins an object's version (gcsfs's generation, s3fs's VersionId: every
+  request, first try and retry, asks for it, so a replaced object reads as gone instead of returning another
+  object's bytes), or a local file's pin (ObjectInfo.pin: compared with the open descriptor's fstat after every
+  read)."""
   path: str
   start: int
   end: int
@@ -367,12 +556,13 @@ class RangeReader:
   """Concurrent ranged reads of local files and object-store objects, with the retry policy above."""
 
   def __init__(self, policy: RetryPolicy | None = None, max_inflight: int = 64, local_threads: int = 16,
-               open_files: int = 256):
+               open_files: int = 256, check_local: bool = True):
     self.policy = policy or RetryPolicy()
     self.max_inflight = max(1, int(max_inflight))
-    self.local = _LocalFiles(open_files)
+    self.local = _LocalFiles(open_files, check_local)
     self._local_pool = cf.ThreadPoolExecutor(max(1, int(local_threads)), thread_name_prefix="ncjax-pread")
     self._fs: dict[str, object] = {}
+    self._fs_epoch: dict[str, int] = {}
     self._semaphores: dict[int, asyncio.Semaphore] = {}
     self.requests = 0
     self.bytes = 0
@@ -380,8 +570,9 @@ class RangeReader:
 
   # --- local -------------------------------------------------------------------------------------------------
   def _read_local(self, r: Range) -> bytes:
+    path = local_path(r.path)
     try:
-      out = self.policy.call(lambda: self.local.pread(r.path, r.start, r.end, r.version), r.path)
+      out = self.policy.call(lambda: self.local.pread(path, r.start, r.end, r.version), r.path)
     except FileNotFoundError:
       raise ShardMissing(f"{r.path} is not there (deleted or renamed after it was indexed)") from None
     self._count(len(out))
@@ -394,11 +585,13 @@ class RangeReader:
 
   # --- remote ------------------------------------------------------------------------------------------------
   def _filesystem(self, path: str):
+    """The path's filesystem (fileio's, made again after a credential refresh)."""
     protocol = path.split("://", 1)[0]
-    if protocol not in self._fs:
-      import fsspec
-      self._fs[protocol] = fsspec.core.url_to_fs(path)[0]
-    return self._fs[protocol]
+    fs = self._fs.get(protocol)
+    if fs is None or fileio.credentials_epoch() != self._fs_epoch.get(protocol):
+      fs = self._fs[protocol] = fileio.filesystem(path)[0]
+      self._fs_epoch[protocol] = fileio.credentials_epoch()
+    return fs
 
   async def _read_remote(self, fs, r: Range) -> bytes:
     key = id(asyncio.get_running_loop())
@@ -406,11 +599,13 @@ class RangeReader:
     if sem is None:
       sem = self._semaphores[key] = asyncio.Semaphore(self.max_inflight)
     inner = r.path.split("://", 1)[1]
-    kwargs = {"generation": r.version} if r.version and r.path.startswith("gs://") else {}
-    first, attempt = None, 0
+    kwargs = pin_kwargs(r.path, r.version)
+    first, attempt, tries = None, 0, {}
     while True:
       began = time.monotonic()
       try:
+        if attempt:
+          fs = self._filesystem(r.path)   # a new client after a credential refresh
         async with sem:
           out = await asyncio.wait_for(fs._cat_file(inner, start=r.start, end=r.end, **kwargs),
                                        self.policy.request_timeout_s)
@@ -423,24 +618,31 @@ class RangeReader:
         raise
       except Exception as e:  # noqa: BLE001 — classified by the policy
         if kwargs and classify(e) == "missing":
-          raise ShardChanged(f"{r.path}: the generation {r.version} the index was built from is gone: the object was "
-                             f"replaced or deleted after the build; rebuild the index (python -m ncjax.data.build "
-                             f"--dataset=web)") from None
+          raise _version_gone(r.path, r.version) from None
         first = began if first is None else first
-        await asyncio.sleep(self.policy.failed(r.path, e, first, attempt))
+        await asyncio.sleep(self.policy.failed(r.path, e, first, attempt, tries))
         attempt += 1
+
+  def _read_sync(self, fs, r: Range) -> bytes:
+    """A filesystem without fsspec's event loop: the same pin and length checks, on a thread."""
+    out = self.policy.call(lambda: fs.cat_file(r.path, start=r.start, end=r.end, **pin_kwargs(r.path, r.version)),
+                           r.path)
+    if len(out) != r.end - r.start:
+      raise ShardChanged(f"{r.path}: {len(out)} of the {r.end - r.start} bytes at {r.start} were returned: the "
+                         f"object is not the one indexed (replaced or truncated); rebuild the index")
+    self._count(len(out))
+    return out
 
   # --- both ----------------------------------------------------------------------------------------------------
   def submit(self, ranges: list[Range]) -> Handle:
     futures = []
     for r in ranges:
-      if fileio.is_remote(r.path):
+      if local_path(r.path) is None:
         fs = self._filesystem(r.path)
         if getattr(fs, "async_impl", False):
           futures.append(asyncio.run_coroutine_threadsafe(self._read_remote(fs, r), fs.loop))
           continue
-        futures.append(self._local_pool.submit(
-            lambda r=r, fs=fs: self.policy.call(lambda: fs.cat_file(r.path, start=r.start, end=r.end), r.path)))
+        futures.append(self._local_pool.submit(self._read_sync, fs, r))
       else:
         futures.append(self._local_pool.submit(self._read_local, r))
     return Handle(futures)
