@@ -44,8 +44,9 @@ RESAMPLE = 0x72736D70  # 'rsmp'
 BUFFER = 0x62756666    # 'buff'
 EPOCH = 0x65706F63     # 'epoc'
 
-ORDER_VERSION = 2      # recorded in checkpoints: a change here reorders every web-scale run (2: streamed epochs are
-                       # exact partitions over the processes, 2026-11-25)
+ORDER_VERSION = 3      # recorded in checkpoints: a change here reorders every web-scale run (2: streamed epochs are
+                       # exact partitions over the processes, 2026-11-25; 3: block reads deal a window across an
+                       # epoch's end with no pair twice in a batch, and injected noise's deal with it, 2026-11-27)
 BLOCKS = 0x626C6F6B    # 'blok'
 GROUPS = 0x67727073    # 'grps'
 

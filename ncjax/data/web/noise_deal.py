@@ -1,5 +1,5 @@
-"""The noise deal of block reads: a window's pairs dealt into batches so that no noisy caption meets its own image
-(`separate_own_images`), what the loss then sees of the injected noise (`block_noise_statistics`,
+"""The deal of block reads: a window's pairs dealt into batches so that no pair meets a second copy of itself and no
+noisy caption meets its own image (`separate_own_images`), what the loss then sees of the injected noise (`block_noise_statistics`,
 benchmarks/web_noise.py) and the one line that describes the noise (`describe_noise`). The noise itself (which
 caption shows which image) is `ncjax.data.noise.BlockNoise`; the order that reads it, ncjax.data.web.order."""
 
@@ -10,42 +10,59 @@ import numpy as np
 from ncjax.data.noise import BlockNoise, DatasetNoise
 
 
-def separate_own_images(ids: np.ndarray, perm: np.ndarray, b: int, holder: np.ndarray, rng: np.random.Generator,
-                        image: np.ndarray | None = None, neighbours=()) -> np.ndarray:
-  """A deal of a window's pairs into batches of b (batch k: ids[perm[k b:(k+1) b]]) in which no noisy caption
-  meets its own image: pair i's image is shown with caption holder[i] (and i's caption with image[i]'s image), so
-  i and holder[i] go to different batches. Each conflict of the random deal `perm` moves the holder to a random slot
-  of another batch, swapping it with a pair that has no conflict there. A pair whose holder or partner lies in
-  another process's share of the window (`neighbours`: (is that process after this one, its share's ids)) goes to
-  an odd batch if that process comes after this one, else to an even one — the other process puts it on the
-  opposite parity, so the two never share a global batch. Needs three batches or more per window."""
+def _related(ids: np.ndarray, noise) -> np.ndarray:
+  """(n, 3) ids each pair must not share a global batch with: itself (a second copy, in a window across an epoch's
+  end), and with injected noise the caption shown its image (holder) and the pair whose image its caption shows."""
+  ids = np.asarray(ids, np.int64)
+  if noise is None:
+    return ids[:, None]
+  return np.stack([ids, noise.holder_of(ids), noise.image_of(ids)], axis=1)
+
+
+def separate_own_images(ids: np.ndarray, perm: np.ndarray, b: int, rng: np.random.Generator, noise=None,
+                        neighbours=()) -> np.ndarray:
+  """A deal of a window's pairs into batches of b (batch k: ids[perm[k b:(k+1) b]]) in which no pair meets another
+  copy of itself (a window across an epoch's end holds the end of one epoch and the start of the next) and, with
+  injected noise, no noisy caption meets its own image: a pair i and the caption shown i's image (holder) or the pair
+  whose image i's caption shows go to different batches. Each conflict of the random deal `perm` moves a pair to a
+  random slot of another batch, swapping it with a pair that fits where it leaves. A pair related to a pair of
+  another process's share of the window (`neighbours`: (is that process after this one, its share's ids)) goes to an
+  odd batch if that process comes after this one, else to an even one — the other process puts its pair on the
+  opposite parity, so the two never share a global batch (a pair related to processes on both sides keeps its
+  place). Needs two batches or more per window (pipeline warns where a window is one batch)."""
   n = len(ids)
+  G = n // b
+  if G < 2:
+    return perm
+  related = _related(ids, noise)                         # (n, R)
   order = np.argsort(ids, kind="stable")
   sorted_ids = ids[order]
-
-  def index_of(values):
-    pos = np.minimum(np.searchsorted(sorted_ids, values), n - 1)
-    return np.where(sorted_ids[pos] == values, order[pos], -1)
-
-  moved = holder != ids
-  hidx = np.where(moved, index_of(holder), -1)         # the index of the caption showing i's image
-  shown = np.full(n, -1, np.int64)
-  shown[hidx[hidx >= 0]] = np.flatnonzero(hidx >= 0)    # the index of the pair whose image i's caption shows
-  parity = np.full(n, -1, np.int64)                    # the batch parity a pair must have (-1: any)
-  if image is not None:
-    for after, other in neighbours:
-      outside = np.isin(holder, other) | np.isin(image, other)
-      parity[moved & outside] = 1 if after else 0
+  lo = np.searchsorted(sorted_ids, related, side="left")
+  hi = np.searchsorted(sorted_ids, related, side="right")
+  width = int((hi - lo).max()) if n else 0
+  # conflicts[i]: the positions of this share whose pair is related to i's (i itself left out), -1 padded
+  conflicts = np.full((n, related.shape[1] * max(1, width)), -1, np.int64)
+  for r in range(related.shape[1]):
+    for k in range(width):
+      at = lo[:, r] + k
+      hit = at < hi[:, r]
+      conflicts[hit, r * width + k] = order[at[hit]]
+  conflicts[conflicts == np.arange(n)[:, None]] = -1
+  parity = np.full(n, -1, np.int64)                      # the batch parity a pair must have (-1: any)
+  for after, other in neighbours:
+    touches = np.isin(related, np.asarray(other, np.int64)).any(axis=1)
+    want = 1 if after else 0
+    parity[touches] = np.where(parity[touches] == 1 - want, -2, want)   # both sides: no parity can serve
+  parity[parity == -2] = -1
   slot = np.empty(n, np.int64)
   slot[perm] = np.arange(n)
   perm = perm.copy()
-  G = n // b
 
   def fits(i, k):
-    """May pair i sit in batch k (its neighbours where they are now, its parity)?"""
-    if parity[i] >= 0 and G > 1 and k % 2 != parity[i]:
+    """May pair i sit in batch k (its related pairs where they are now, its parity)?"""
+    if parity[i] >= 0 and k % 2 != parity[i]:
       return False
-    return not any(j >= 0 and slot[j] // b == k for j in (hidx[i], shown[i]))
+    return not any(j >= 0 and slot[j] // b == k for j in conflicts[i])
 
   def relocate(x):
     """Swap pair x into a random slot of another batch where both it and the pair it displaces fit."""
@@ -53,7 +70,7 @@ def separate_own_images(ids: np.ndarray, perm: np.ndarray, b: int, holder: np.nd
       s_new = int(rng.integers(n))
       e = int(perm[s_new])
       old = slot[x] // b
-      if s_new // b == old or e in (hidx[x], shown[x]):
+      if s_new // b == old or e in conflicts[x]:
         continue
       slot[x], slot[e] = s_new, slot[x]
       if fits(x, s_new // b) and fits(e, old):
@@ -62,14 +79,14 @@ def separate_own_images(ids: np.ndarray, perm: np.ndarray, b: int, holder: np.nd
       slot[x], slot[e] = slot[e], s_new   # undo
 
   for x in np.flatnonzero((parity >= 0) & ((slot // b) % 2 != parity)).tolist():
-    if G > 1 and (slot[x] // b) % 2 != parity[x]:
+    if (slot[x] // b) % 2 != parity[x]:
       relocate(x)
   batch_of = slot // b
-  conflicts = np.flatnonzero((hidx >= 0) & (batch_of == np.where(hidx >= 0, batch_of[np.maximum(hidx, 0)], -1)))
-  for i in conflicts.tolist():
-    x = int(hidx[i])
-    if slot[x] // b == slot[i] // b:
-      relocate(x if parity[x] < 0 or parity[i] >= 0 else i)
+  clash = (conflicts >= 0) & (batch_of[np.maximum(conflicts, 0)] == batch_of[:, None])
+  for i in np.flatnonzero(clash.any(axis=1)).tolist():
+    for j in conflicts[i]:
+      if j >= 0 and slot[j] // b == slot[i] // b:
+        relocate(int(j) if parity[j] < 0 or parity[i] >= 0 else i)
   return perm
 
 

@@ -59,7 +59,7 @@ class WebOrder:
   def __init__(self, mixture: mix_lib.Mixture, offsets: np.ndarray, order_sizes, kept, noise, *, mode: str,
                read: str, block: int, seed: int, global_batch_size: int, process_index: int, process_count: int,
                steps_per_window: int):
-    self.mixture, self.offsets, self.noise = mixture, offsets, noise
+    self.mixture, self.offsets, self.noise, self.order_sizes = mixture, offsets, noise, order_sizes
     self.mode, self.read, self.block, self.seed = mode, read, block, seed
     self.global_batch_size, self.process_index, self.process_count = global_batch_size, process_index, process_count
     self.local_batch_size = global_batch_size // process_count
@@ -94,16 +94,27 @@ class WebOrder:
       ids = self.ids_at(first + np.arange(G * b, dtype=np.int64))
       rng = np.random.Generator(np.random.PCG64([self.seed, g, process, self.process_count, WINDOW_TAG]))
       perm = rng.permutation(G * b)
-      if self.noise is not None and G > 1:
-        # a group of blocks can straddle two processes' shares: which side of this share its other part lies on
-        near = [(q, self.ids_at(g * G * self.global_batch_size + q * G * b + np.arange(G * b, dtype=np.int64)))
-                for q in (process - 1, process + 1) if 0 <= q < self.process_count]
-        perm = separate_own_images(ids, perm, b, self.noise.holder_of(ids), rng, self.noise.image_of(ids),
-                                   [(q > process, other) for q, other in near])
+      crossing = self.crosses_an_epoch(g)
+      if G > 1 and (self.noise is not None or crossing):
+        # a pair may meet a related pair in another process's share: one of a group of blocks straddling two
+        # shares (the neighbours'), or, in a window across an epoch's end, a copy of it in any share
+        others = [q for q in range(self.process_count) if q != process and (crossing or abs(q - process) == 1)]
+        near = [(q > process, self.ids_at(g * G * self.global_batch_size + q * G * b +
+                                          np.arange(G * b, dtype=np.int64))) for q in others]
+        perm = separate_own_images(ids, perm, b, rng, self.noise, near)
       if len(self._shares) >= 8:
         self._shares.pop(next(iter(self._shares)))
       self._shares[key] = (ids, perm)
     return self._shares[key]
+
+  def crosses_an_epoch(self, window: int) -> bool:
+    """Whether window `window`'s positions hold the end of one epoch of a dataset and the start of the next (its
+    pairs then twice, at most once per epoch)."""
+    span = self.steps_per_window * self.global_batch_size
+    first = self.mixture.consumed(0, window * span)
+    last = self.mixture.consumed(0, (window + 1) * span)
+    sizes = np.maximum(np.asarray(self.order_sizes, np.int64), 1)
+    return bool(np.any((last > first) & (first // sizes != (last - 1) // sizes)))
 
   def local_ids(self, step: int, process: int) -> np.ndarray:
     """Index mode: the ids of process `process`'s part of step `step`'s global batch."""

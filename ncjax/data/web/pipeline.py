@@ -12,8 +12,9 @@ Modes (`input.web.mode`) and, indexed, how the index is read (`input.web.read`):
 * 'index' + read 'pair' (the default on local disk): a global shuffle per epoch of each dataset (an on-demand
   permutation), the global batch of step s being positions [s B, (s + 1) B) of ncjax.data.web.mixture's stream 0 — the
   same for any process count; process p reads its contiguous part, one ranged read per pair, all of a step's reads
-  (and the next steps') in flight at once. Injected noise (`noise.PermutedNoise`) shows a caption with any other
-  pair's image: one more read per noisy pair, in the same flight.
+  (and the next steps') in flight at once. Injected noise (`noise.PermutedNoise`, per dataset of a mixture as block
+  reads' is: `noise.DatasetNoise`) shows a caption with any other pair's image of its own dataset: one more read per
+  noisy pair, in the same flight.
 * 'index' + read 'block' (the default when a dataset is on an object store): the same positions, but dataset d's
   epoch lists its pairs as blocks of `input.web.block` consecutive ids in a permuted block order
   (mixture.BlockOrder). Steps are grouped into windows of G = max(ceil(input.web.shuffle_pairs / b),
@@ -248,7 +249,9 @@ class WebTrainData:
     self.window_batches = max(1, int(window_batches))
     self.steps_per_window = order_lib.steps_per_window(self.read, shuffle_pairs, self.local_batch_size,
                                                        self.window_batches, self.steps_per_epoch)
-    if self.read == "pair" and isinstance(noise, (BlockNoise, DatasetNoise)):
+    blocks = isinstance(noise, BlockNoise) or isinstance(noise, DatasetNoise) and any(
+        isinstance(p, BlockNoise) for p in noise.parts)
+    if self.read == "pair" and blocks:
       raise ValueError("block noise (a partner image from the paired block) goes with input.web.read='block'")
     if subset is not None and self.read == "block" and noise is not None:
       raise errors.ConfigurationError("injected block noise with input.web.filter: a noisy caption's partner may be a "
@@ -258,6 +261,8 @@ class WebTrainData:
         log.info("block reads derange the noisy captions: exactly floor(ratio N) are shown another image")
       parts = [BlockNoise(int(n), noise.ratio, noise.seed, self.block, d) for d, n in enumerate(self.sizes)]
       noise = parts[0] if len(parts) == 1 else DatasetNoise(tuple(int(o) for o in self.offsets[:-1]), tuple(parts))
+    elif isinstance(noise, PermutedNoise) and noise.n == self.num_examples:
+      noise = noise.per_dataset(self.sizes)   # one protocol in every read mode: NCR's noise of each dataset apart
     self.noise = noise
     self.noise_sha256 = None if noise is None else noise.sha256
     if decoder not in DECODERS:
@@ -299,6 +304,13 @@ class WebTrainData:
       log.info("%s", subset.describe())
     if self.noise is not None:
       log.info("injected noise: %s", describe_noise(self.noise))
+    if self.read == "block" and self.noise is not None and self.steps_per_window < 3:
+      why = (f"an epoch is only {self.steps_per_epoch} batch(es) of {self.global_batch_size} pairs"
+             if self.steps_per_epoch < 3 else "input.web.shuffle_pairs and window_batches give that")
+      log.warning("block reads with injected noise: a window of %d step(s) (%s) is too short for the deal that keeps "
+                  "a noisy caption's own image out of its batch (it needs 3 batches or more), so some noisy captions "
+                  "will meet their own image there, shown with another caption; read per pair "
+                  "(input.web.read='pair'), or make the batch at most a third of the data", self.steps_per_window, why)
     self.max_skipped_fraction = float(max_skipped_fraction)
     if not 0.0 <= self.max_skipped_fraction <= 1.0:
       raise errors.ConfigurationError(f"input.web.max_skipped_fraction must be in [0, 1], got "
