@@ -161,7 +161,7 @@ def base_config() -> ml_collections.ConfigDict:
       # weights 'w1::w2' of a mixture (default: the datasets' sizes); resample: streamed shards drawn with
       # replacement; window shard segments read interleaved through a shuffle buffer of `buffer` pairs; mix_block:
       # positions per mixture block; caption_key / clean_key of the .json; cache_dir: the host's copy of a gs://
-      # index; a word vocabulary counts at most vocab_captions captions and keeps at most max_vocab words;
+      # index (and filter), least recently used files evicted beyond cache_bytes; a word vocabulary counts at most vocab_captions captions and keeps at most max_vocab words;
       # decoder: 'pil' or 'simplejpeg' (JPEGs; pip install 'ncjax[web]'); workers: decode processes (0: the
       # input.num_threads threads of the training process; -1: one per usable core); max_inflight: ranged reads
       # in flight; io_deadline_s: how long a read retries a store that does not answer before the run stops;
@@ -169,14 +169,15 @@ def base_config() -> ml_collections.ConfigDict:
       # filter: a directory written by `ncjax filter` (the pairs to train on, chosen by their audit scores; ids stay
       # the unfiltered data's: ncjax.data.web.subset), '' trains on every pair; max_skipped_fraction: more bad
       # records (each replaced by a repeat) than this fraction of the pairs read stops the run with one line;
-      # split_gap_bytes: a filtered block read is cut where the unread bytes between kept pairs exceed this.
+      # split_gap_bytes: a filtered block read is cut where the unread bytes between kept pairs exceed this (-1:
+      # the bytes one request's own cost would read, measured as the run reads: ncjax.data.web.store.RequestCost).
       web=ml_collections.ConfigDict(dict(mode="auto", read="auto", block=64, shuffle_pairs=4096, window_batches=16,
                                          weights="",
                                          resample=False, window=8, buffer=2048, mix_block=1000,
-                                         caption_key="caption", clean_key="", cache_dir="",
+                                         caption_key="caption", clean_key="", cache_dir="", cache_bytes=32 << 30,
                                          vocab_captions=200_000, max_vocab=65_536, decoder="pil", workers=0,
                                          max_inflight=64, io_deadline_s=300.0, request_timeout_s=60.0, filter="",
-                                         max_skipped_fraction=0.01, split_gap_bytes=512 << 10)),
+                                         max_skipped_fraction=0.01, split_gap_bytes=-1)),
   ))
 
   # Noise applied to the training pairs; the ground-truth clean flag is kept for diagnostics only.

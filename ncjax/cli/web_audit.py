@@ -98,7 +98,7 @@ def open_web(spec: str, cfg=None) -> list[web.WebDataset]:
   policy = store.RetryPolicy(deadline_s=float(w.io_deadline_s), request_timeout_s=float(w.request_timeout_s))
   fileio.bound_requests(policy.request_timeout_s)
   return [web.open_dataset(root, caption_key=w.caption_key, clean_key=w.clean_key, cache_dir=w.cache_dir,
-                           policy=policy) for root in web_pipeline.parse_roots(spec)]
+                           policy=policy, cache_bytes=w.cache_bytes) for root in web_pipeline.parse_roots(spec)]
 
 
 def _barrier(name: str) -> None:

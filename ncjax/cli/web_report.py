@@ -130,6 +130,8 @@ def fetch_pairs(rows: list[dict], datasets) -> list[tuple[bytes | None, str]]:
       out[k] = (sample.image, sample.caption or "")
   finally:
     reader.close()
+    for ds in datasets:   # the random-access readers `ds.read` opened
+      ds.close()
   return out
 
 

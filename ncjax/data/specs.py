@@ -32,7 +32,8 @@ class WebSpec:
   mix_block: int = 1000           # positions per mixture block
   caption_key: str = "caption"
   clean_key: str = ""
-  cache_dir: str = ""             # the host's copy of a gs:// index
+  cache_dir: str = ""             # the host's copy of a gs:// index (ncjax.data.web.host_cache)
+  cache_bytes: int = 32 << 30     # ... least recently used files evicted beyond this
   vocab_captions: int = 200_000   # a word vocabulary counts at most this many captions
   max_vocab: int = 65_536         # ... and keeps at most this many words
   decoder: str = "pil"            # 'pil' | 'simplejpeg'
@@ -42,7 +43,8 @@ class WebSpec:
   request_timeout_s: float = 60.0 # one request to the store, at most (gcsfs's own default: no limit)
   filter: str = ""                # a directory written by `ncjax filter`: train on its kept pairs (web.subset)
   max_skipped_fraction: float = 0.01   # more bad records than this fraction of the pairs read stops the run
-  split_gap_bytes: int = 512 << 10     # filtered block reads: a gap of unread bytes this long is its own request
+  split_gap_bytes: int = -1       # filtered block reads: a gap of unread bytes this long is its own request (-1:
+                                  # measured, the bytes one request's cost would read)
 
   def __post_init__(self):
     for name, allowed in (("mode", WEB_MODES), ("read", WEB_READS), ("decoder", WEB_DECODERS)):

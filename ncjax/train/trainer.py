@@ -148,6 +148,7 @@ class Trainer:
 
     saving = SavePolicy(cfg.ckpt, self.checkpointer, self.workdir, start, save)
     skipped = 0
+    batches = None
     try:
       batches = exp.train_data.batches(start, stop)
       for step in range(start, stop):
@@ -180,6 +181,9 @@ class Trainer:
     else:
       self.checkpointer.wait()
     finally:
+      if batches is not None:   # the input's threads, processes and open files end with the run, even on an error
+        batches.close()
+      getattr(exp.train_data, "close", lambda: None)()
       profiler.close()
       saving.close()
       progress.close()

@@ -19,9 +19,11 @@ import pytest
 from ncjax import fileio
 from ncjax.data import streams
 from ncjax.data.web import assembly, mixture, noise_deal
+from ncjax.data.web import pinned_stream
 from ncjax.data.web import store
 from ncjax.data.web import dataset as web
 from ncjax.data.web import decode as web_decode
+from ncjax.data.web import host_cache
 from ncjax.data.web import index as web_index
 from ncjax.data.web import pipeline as web_pipeline
 from ncjax.data.web import stream as web_stream
@@ -572,7 +574,7 @@ def test_a_streamed_read_gets_a_whole_deadline_for_each_fault_after_reads_recove
   web_synthetic.write_img2dataset(root, 0, shard_sizes=[60], image_size=8, pool=4)
   ds = web.open_dataset(root, use_index=False)
   ds.policy = store.RetryPolicy(deadline_s=0.6, first_backoff_s=0.01, max_backoff_s=0.02)
-  real = store.open_stream
+  real = pinned_stream.open_stream
   state = {"opens": 0}
 
   class Blip:
@@ -600,7 +602,7 @@ def test_a_streamed_read_gets_a_whole_deadline_for_each_fault_after_reads_recove
     fail_after = {1: size // 4, 2: size // 2}.get(state["opens"])   # two blips, reads recover in between
     return Blip(real(path, *a, **k), fail_after)
 
-  monkeypatch.setattr(store, "open_stream", flaky_open)
+  monkeypatch.setattr(pinned_stream, "open_stream", flaky_open)
   samples = list(ds.iter_shard(0))
   assert len(samples) == 60 and not any(x.bad for x in samples) and state["opens"] == 3
 
@@ -614,14 +616,14 @@ def test_the_hosts_copy_of_an_index_is_checked_against_its_digest_and_stale_piec
   local.mkdir()
   policy = store.RetryPolicy(deadline_s=1.0)
   with pytest.raises(web_index.readers.DataFormatError, match="digest .* is not the"):
-    web_index._download(str(src / name), str(local / name), policy)   # noqa: SLF001
+    host_cache._download(str(src / name), str(local / name), policy)   # noqa: SLF001
   assert os.listdir(local) == []                                     # neither the file nor a piece of it
   (src / name).write_bytes(data)
-  web_index._download(str(src / name), str(local / name), policy)     # noqa: SLF001
+  host_cache._download(str(src / name), str(local / name), policy)     # noqa: SLF001
   assert (local / name).read_bytes() == data
   (local / f"{name}.partial-{2 ** 22 + 7}").write_bytes(b"cut")      # a download killed with its process
   (local / f"{name}.partial-{os.getpid()}").write_bytes(b"ours")     # one in progress
-  web_index._remove_stale_partials(str(local))                       # noqa: SLF001
+  host_cache._remove_stale_partials(str(local))                       # noqa: SLF001
   assert sorted(os.listdir(local)) == sorted([name, f"{name}.partial-{os.getpid()}"])
 
 

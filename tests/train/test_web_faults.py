@@ -24,6 +24,7 @@ from ncjax import fileio, train  # noqa: E402
 from ncjax.data.web import synthetic as web_synthetic  # noqa: E402
 from ncjax.data.web import store
 from ncjax.data.web import dataset as web
+from ncjax.data.web import host_cache
 from ncjax.data.web import index as web_index
 
 SIZES = [90, 150, 70, 130, 110, 80]     # 630 pairs in unequal shards
@@ -270,9 +271,9 @@ def test_a_stalled_store_ends_a_streamed_read_and_an_index_open_by_themselves(tm
 
 def test_a_process_waiting_on_a_stalled_index_download_gives_up(tmp_path):
   lock = str(tmp_path / "cache" / ".lock")
-  with web_index._host_lock(lock):                                   # noqa: SLF001 — the holder, stalled
+  with host_cache._host_lock(lock):                                   # noqa: SLF001 — the holder, stalled
     began = time.monotonic()
     with pytest.raises(store.StoreUnavailable, match="without any progress"):
-      with web_index._host_lock(lock, stall_s=0.5):                  # noqa: SLF001
+      with host_cache._host_lock(lock, stall_s=0.5):                  # noqa: SLF001
         pass
     assert time.monotonic() - began < 3.0

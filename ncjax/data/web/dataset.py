@@ -41,6 +41,7 @@ import numpy as np
 
 from ncjax import fileio
 from ncjax.data.tables import readers
+from ncjax.data.web import pinned_stream
 from ncjax.data.web import store
 from ncjax.data.web import index as web_index
 
@@ -156,7 +157,7 @@ class WebDataset:
     while True:
       began = time.monotonic()
       try:
-        with store.open_stream(path, pin, STREAM_BUFFER) as f:   # never another file behind the same ids
+        with pinned_stream.open_stream(path, pin, STREAM_BUFFER) as f:   # never another file behind the same ids
           if resume_at:
             f.seek(resume_at)
           for key, begin, end, parts in iter_samples(f, start=resume_at):
@@ -268,18 +269,19 @@ def parse_run(ds: WebDataset, s: int, start: int, first_id: int, n: int, data: b
 
 def open_dataset(root: str, *, index_dir: str = "", use_index: bool = True, caption_key: str = "caption",
                  clean_key: str = "", cache_dir: str = "", workers: int = 64, policy=None,
-                 check: bool = True) -> WebDataset:
+                 check: bool = True, cache_bytes: int = 32 << 30) -> WebDataset:
   """An img2dataset output at `root` (local or gs://). With a built index (and use_index), the index (its shards
   checked against one listing: a missing or changed shard is one error naming it); without use_index its manifest
   still gives the shards and counts (one read). Else one listing and the shards' metadata counts, read
-  concurrently."""
+  concurrently. A remote index is mapped from the host's cache (`cache_dir`, bounded by `cache_bytes`)."""
   policy = policy or store.RetryPolicy()
+  root = store.local_path(root) if root.startswith("file://") else root   # a file:// root is local disk
   index_dir = web_index.index_dir_of(root, index_dir)
   manifest = policy.call(lambda: web_index.read_manifest(index_dir), index_dir)
   if manifest is not None and manifest.get("version") != web_index.INDEX_VERSION and not use_index:
     manifest = None   # an old index: streaming lists the shards itself
   if manifest is not None:
-    index = web_index.WebIndex.open(index_dir, cache_dir, policy) if use_index else None
+    index = web_index.WebIndex.open(index_dir, cache_dir, policy, cache_bytes) if use_index else None
     shards = [fileio.join(root, rel) for rel in manifest["shards"]]
     versions = list(manifest.get("versions", []))
     pins = []

@@ -21,28 +21,27 @@ Builds on many hosts (`--num_hosts/--host_index`) write disjoint parts; `--merge
 each merge reads the same parts and writes the same bytes under the same names, the manifest last, and parts are
 removed only after a manifest exists (a merge that finds them gone returns that manifest).
 
-Opening a gs:// index: the offsets are downloaded once per host into a local cache (a file lock makes one process
-download while the others of the host wait; the copy streams in 8 MiB pieces, never the whole array in memory) and
-memory-mapped: the page cache holds one copy for every process of the host.
+Opening a gs:// index: the offsets are downloaded once per host into a local cache (ncjax.data.web.host_cache: a
+file lock makes one process download while the others of the host wait; the copy streams in 8 MiB pieces, never the
+whole array in memory; least recently used files are evicted beyond a size bound) and memory-mapped: the page cache
+holds one copy for every process of the host.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import errno
 import hashlib
 import io
 import json
 import logging
 import os
-import re
-import time
 
 import numpy as np
 
 from ncjax import fileio
 from ncjax.data.tables import readers
+from ncjax.data.web import host_cache
 from ncjax.data.web import store
 from ncjax.data.web import tar as web
 
@@ -399,100 +398,15 @@ def check_shards(root: str, manifest: dict, policy: store.RetryPolicy | None = N
 # ---------------------------------------------------------------------------------------------------------------
 # a built index, opened for reading
 # ---------------------------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _host_lock(path: str, stall_s: float | None = None):
-  """An exclusive lock shared by the processes of one host (released when the holder exits, even by a kill). With
-  `stall_s`, a waiter gives up (StoreUnavailable, one line) once nothing in the lock's directory has grown for that
-  long: the holder's download is stalled, and its own reads end at their deadline anyway."""
-  import fcntl
-  directory = os.path.dirname(path)
-  os.makedirs(directory, exist_ok=True)
-  with open(path, "a+") as f:
-    if stall_s is None:
-      fcntl.flock(f, fcntl.LOCK_EX)
-    else:
-      progress, since = None, time.monotonic()
-      while True:
-        try:
-          fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-          break
-        except BlockingIOError:
-          now = sum(e.stat().st_size for e in os.scandir(directory) if e.is_file())
-          if now != progress:
-            progress, since = now, time.monotonic()
-          elif time.monotonic() - since > stall_s:
-            raise store.StoreUnavailable(errno.EIO, f"waited {stall_s:.0f} s for another process of this host to "
-                                         f"download the index into {directory} without any progress: the store "
-                                         f"does not answer; the run stops (relaunch to resume)") from None
-          time.sleep(0.2)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _download(src: str, dst: str, policy: store.RetryPolicy, chunk: int = 8 << 20) -> None:
-  """Copy a (large) object to a local file in pieces: memory stays at one piece, the file appears whole or not —
-  its content checked against the digest its name carries (`_digest_name`) and synced to disk before the rename,
-  so a cut download or a full disk never leaves a file that later reads as the index."""
-  tmp = f"{dst}.partial-{os.getpid()}"
-  expected = re.search(r"-([0-9a-f]{16})\.npy$", os.path.basename(dst))
-
-  def copy():
-    digest = hashlib.sha256()
-    with fileio.open_file(src, "rb") as f, open(tmp, "wb") as out:
-      while True:
-        data = f.read(chunk)
-        if not data:
-          break
-        out.write(data)
-        digest.update(data)
-      out.flush()
-      os.fsync(out.fileno())
-    if expected and digest.hexdigest()[:16] != expected.group(1):
-      raise readers.DataFormatError(f"{src}: its content's digest {digest.hexdigest()[:16]} is not the "
-                                    f"{expected.group(1)} its name says: the index in the store is damaged; rebuild it")
-    os.replace(tmp, dst)
-
-  try:
-    policy.call(copy, src)
-  finally:
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(tmp)
-
-
-def _remove_stale_partials(local: str) -> None:
-  """Pieces of downloads whose process is gone (killed mid-download): removed, under the host's lock."""
-  for entry in os.scandir(local):
-    m = re.search(r"\.partial-(\d+)$", entry.name)
-    if m and not _alive(int(m.group(1))):
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(entry.path)
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-  return True
-
-
-def cache_dir_of(index_dir: str, cache_dir: str = "") -> str:
-  key = hashlib.sha1(fileio.absolute(index_dir).encode()).hexdigest()[:16]
-  return os.path.join(cache_dir or os.path.expanduser("~/.cache/ncjax/web"), key)
-
-
 class WebIndex:
   """A built index: the manifest, the offsets and clean flags memory-mapped (a gs:// index from a per-host cache)."""
 
-  def __init__(self, index_dir: str, manifest: dict, local_dir: str):
+  def __init__(self, index_dir: str, manifest: dict, local_dir: str, maps: dict | None = None):
     self.index_dir, self.manifest = index_dir, manifest
-    self.offsets = np.load(os.path.join(local_dir, manifest["offsets_file"]), mmap_mode="r")
-    self.clean = np.load(os.path.join(local_dir, manifest["clean_file"]), mmap_mode="r") \
-        if manifest.get("clean_file") else None
+    load = (lambda name: maps[name]) if maps is not None else \
+        (lambda name: np.load(os.path.join(local_dir, name), mmap_mode="r"))
+    self.offsets = load(manifest["offsets_file"])
+    self.clean = load(manifest["clean_file"]) if manifest.get("clean_file") else None
     if len(self.offsets) != manifest["num_examples"]:
       raise readers.DataFormatError(f"{index_dir}: {manifest['offsets_file']} holds {len(self.offsets)} offsets for "
                                     f"{manifest['num_examples']} pairs: rebuild the index")
@@ -500,7 +414,10 @@ class WebIndex:
     self.missing = np.iinfo(self.offsets.dtype).max
 
   @classmethod
-  def open(cls, index_dir: str, cache_dir: str = "", policy: store.RetryPolicy | None = None) -> "WebIndex":
+  def open(cls, index_dir: str, cache_dir: str = "", policy: store.RetryPolicy | None = None,
+           cache_bytes: int = host_cache.DEFAULT_CACHE_BYTES) -> "WebIndex":
+    """The index at `index_dir`; a remote one's files from the host's cache (ncjax.data.web.host_cache: downloaded
+    once per host, least recently used files evicted beyond `cache_bytes`)."""
     policy = policy or store.RetryPolicy()
     manifest = policy.call(lambda: read_manifest(index_dir), fileio.join(index_dir, "manifest.json"))
     if manifest is None:
@@ -512,15 +429,9 @@ class WebIndex:
                                     f"with python -m ncjax.data.build --dataset=web")
     if not fileio.is_remote(index_dir):
       return cls(index_dir, manifest, index_dir)
-    local = cache_dir_of(index_dir, cache_dir)
-    stall = policy.deadline_s + policy.request_timeout_s
-    # one process per host downloads; the others wait (giving up on a stalled download), then map it
-    with _host_lock(os.path.join(local, ".lock"), stall):
-      _remove_stale_partials(local)
-      for name in (manifest["offsets_file"], manifest.get("clean_file")):
-        if name and not os.path.isfile(os.path.join(local, name)):   # content-addressed: present means whole
-          _download(fileio.join(index_dir, name), os.path.join(local, name), policy)
-    return cls(index_dir, manifest, local)
+    names = [n for n in (manifest["offsets_file"], manifest.get("clean_file")) if n]
+    maps = host_cache.mapped(index_dir, names, cache_dir, policy, cache_bytes)
+    return cls(index_dir, manifest, "", maps)
 
   def sample_range(self, ds, sample_id: int) -> tuple[int, int, int] | None:
     """(shard, start, end) of the bytes of sample `sample_id`, None when the tar lacks it."""

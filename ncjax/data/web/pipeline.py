@@ -140,7 +140,7 @@ def open_datasets(spec: InputSpec) -> list[web.WebDataset]:
   policy = store.RetryPolicy(deadline_s=float(w.io_deadline_s), request_timeout_s=float(w.request_timeout_s))
   fileio.bound_requests(policy.request_timeout_s)
   return [web.open_dataset(r, use_index=w.mode != "stream", caption_key=w.caption_key, clean_key=w.clean_key,
-                           cache_dir=w.cache_dir, policy=policy)
+                           cache_dir=w.cache_dir, policy=policy, cache_bytes=w.cache_bytes)
           for r in parse_roots(spec.dataset)]
 
 
@@ -197,7 +197,7 @@ class WebTrainData:
                io_deadline_s: float = store.DEFAULT_DEADLINE_S, request_timeout_s: float = 60.0,
                process_index: int | None = None,
                process_count: int | None = None, subset=None, window_batches: int = 16,
-               max_skipped_fraction: float = 0.01, split_gap_bytes: int = 512 << 10):
+               max_skipped_fraction: float = 0.01, split_gap_bytes: int = -1):
     self.process_index = jax.process_index() if process_index is None else int(process_index)
     self.process_count = jax.process_count() if process_count is None else int(process_count)
     if mesh is not None:
@@ -391,6 +391,14 @@ class WebTrainData:
     run on web data."""
     return None
 
+  def close(self) -> None:
+    """Close what reading opened outside `batches` (which closes its own reader and decoder with the generator):
+    each dataset's random-access reader, the streamed readers' open shards. Reading again opens them anew."""
+    for ds in self.datasets:
+      ds.close()
+    for reader in self.reading.readers or ():
+      reader.close()
+
 
   # --- assembly ---------------------------------------------------------------------------------------------------
   def assemble(self, step: int, specs: list, decoded) -> dict:
@@ -405,11 +413,13 @@ class WebTrainData:
     """This process's host batches for steps [start_step, stop_step): the reads of the next units in flight, each
     step's examples made by the decoder, `prefetch` batches ahead (ncjax.data.web.stages)."""
     reader = store.RangeReader(self.policy, max_inflight=self.max_inflight, local_threads=min(64, self.max_inflight))
+    self.reading.measured_gap = reader.gap_bytes
     decoder, context = assembly.make_decoder(self.settings, self.tokenizer, workers=self.workers,
                                              num_threads=self.num_threads, prefetch=self.prefetch)
 
     def on_close():
-      self.last_reads = dict(requests=reader.requests, bytes=reader.bytes)
+      self.last_reads = dict(requests=reader.requests, bytes=reader.bytes,
+                             split_gap_bytes={k: c.gap_bytes() for k, c in reader.cost.items()})
       decoder.close()
       reader.close()
 
@@ -466,4 +476,4 @@ def _subset(web: WebSpec, datasets):
   if not web.filter:
     return None
   from ncjax.data.web import subset
-  return subset.open_subset(web.filter, datasets, web.cache_dir)
+  return subset.open_subset(web.filter, datasets, web.cache_dir, web.cache_bytes)

@@ -31,13 +31,14 @@ import asyncio
 import concurrent.futures as cf
 import dataclasses
 import errno
-import io
 import logging
 import os
 import random
 import re
 import threading
 import time
+
+import numpy as np
 
 from ncjax import fileio
 from ncjax.data.tables.readers import DataFormatError
@@ -292,7 +293,7 @@ def local_path(path: str) -> str | None:
   return None if fileio.is_remote(path) else path
 
 
-def _version_gone(path: str, version: str) -> "ShardChanged":
+def version_gone(path: str, version: str) -> "ShardChanged":
   return ShardChanged(f"{path}: the version {version} this run listed is gone: the object was replaced or deleted "
                       f"since (a read never takes a newer version); restore it, or start a new run (and rebuild the "
                       f"index: python -m ncjax.data.build --dataset=web)")
@@ -368,98 +369,6 @@ def read_many(paths: list[str], policy: RetryPolicy | None = None, workers: int 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# a pinned file read front to back (streamed shards)
-# ---------------------------------------------------------------------------------------------------------------
-class _LocalStream(io.RawIOBase):
-  """A local file read front to back, its descriptor's fstat compared with the pin after every read (one fstat per
-  buffer refill): a file written in place while it is streamed is one error, never its new bytes."""
-
-  def __init__(self, path: str, pin: str):
-    self.path, self.pin = path, local_pin(pin)
-    self.fd = os.open(local_path(path), os.O_RDONLY)
-    try:
-      check_descriptor(path, self.fd, self.pin)
-    except ShardChanged:
-      os.close(self.fd)
-      raise
-
-  def readable(self):
-    return True
-
-  def seekable(self):
-    return True
-
-  def readinto(self, b) -> int:
-    n = os.readv(self.fd, [b])
-    check_descriptor(self.path, self.fd, self.pin)
-    return n
-
-  def seek(self, offset: int, whence: int = 0) -> int:
-    return os.lseek(self.fd, offset, whence)
-
-  def tell(self) -> int:
-    return os.lseek(self.fd, 0, os.SEEK_CUR)
-
-  def close(self):
-    if not self.closed:
-      os.close(self.fd)
-    super().close()
-
-
-class _RemoteStream(io.RawIOBase):
-  """An object read front to back in ranged requests that each ask for the pinned version (`pin_kwargs`): a new
-  piece, or a retry that reopens the stream, never reads another version; a piece shorter than the pinned size
-  promises is ShardChanged. Each request is bounded (fileio.bound_requests)."""
-
-  def __init__(self, path: str, size: int, version: str):
-    self.path, self.size, self.version, self.pos = path, int(size), version, 0
-    self.fs, self.inner = fileio.filesystem(path)
-    self.kwargs = pin_kwargs(path, version)
-
-  def readable(self):
-    return True
-
-  def seekable(self):
-    return True
-
-  def readinto(self, b) -> int:
-    end = min(self.size, self.pos + len(b))
-    if end <= self.pos:
-      return 0
-    try:
-      data = self.fs.cat_file(self.inner, start=self.pos, end=end, **self.kwargs)
-    except FileNotFoundError:
-      if self.kwargs:
-        raise _version_gone(self.path, self.version) from None
-      raise
-    if len(data) != end - self.pos:
-      raise ShardChanged(f"{self.path}: {len(data)} of the {end - self.pos} bytes at {self.pos} were returned: the "
-                         f"object is not the one listed (replaced or truncated)")
-    b[:len(data)] = data
-    self.pos = end
-    return len(data)
-
-  def seek(self, offset: int, whence: int = 0) -> int:
-    self.pos = {0: 0, 1: self.pos, 2: self.size}[whence] + int(offset)
-    return self.pos
-
-  def tell(self) -> int:
-    return self.pos
-
-
-def open_stream(path: str, pin: str = "", buffer_size: int = 8 << 20):
-  """A binary file object of `path` for reading front to back (a tar parsed header by header) that never returns
-  bytes of another version than `pin` (ObjectInfo.pin): local, the open descriptor checked after every read; on an
-  object store, every request asks for the pinned version. Without a pin, fileio.open_sequential."""
-  if not pin:
-    return fileio.open_sequential(path, buffer_size)
-  if local_path(path) is not None:
-    return io.BufferedReader(_LocalStream(path, pin), buffer_size=min(buffer_size, 1 << 20))
-  size, version = pin.split(":")[:2]
-  return io.BufferedReader(_RemoteStream(path, int(size), version), buffer_size=buffer_size)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # ranged reads, many in flight
 # ---------------------------------------------------------------------------------------------------------------
 class _LocalFiles:
@@ -523,6 +432,39 @@ class _LocalFiles:
       self.fds.clear()
 
 
+class RequestCost:
+  """What a request to a store costs, measured on the requests made: a least-squares line seconds = latency +
+  bytes / bandwidth over the last `window` of them. `gap_bytes()` is latency x bandwidth, the bytes the fixed cost of
+  one request would read: unread bytes between two wanted ranges cost less read than skipped below it, and more
+  above (input.web.split_gap_bytes=-1). Until the line can be fitted (fewer than `window` / 8 requests, sizes too
+  alike to tell the two costs apart, a slope that is not positive) the last fitted value, at first `initial`."""
+
+  def __init__(self, initial: int, window: int = 512, smallest: int = 4 << 10, largest: int = 16 << 20):
+    self.initial, self.window, self.smallest, self.largest = int(initial), int(window), int(smallest), int(largest)
+    self.samples: list[tuple[int, float]] = []
+    self.lock = threading.Lock()
+    self.fitted: int | None = None
+
+  def add(self, nbytes: int, seconds: float) -> None:
+    with self.lock:
+      self.samples.append((int(nbytes), float(seconds)))
+      if len(self.samples) > self.window:
+        del self.samples[:len(self.samples) - self.window]
+
+  def gap_bytes(self) -> int:
+    with self.lock:
+      samples = list(self.samples)
+    if len(samples) >= max(8, self.window // 8):
+      b = np.asarray([x for x, _ in samples], np.float64)
+      t = np.asarray([y for _, y in samples], np.float64)
+      if b.std() > 0.05 * max(b.mean(), 1.0):
+        slope = float(np.cov(b, t, bias=True)[0, 1] / b.var())
+        latency = float(t.mean() - slope * b.mean())
+        if slope > 0 and latency > 0:
+          self.fitted = int(min(self.largest, max(self.smallest, latency / slope)))
+    return self.fitted if self.fitted is not None else self.initial
+
+
 @dataclasses.dataclass(frozen=True)
 class Range:
   """Bytes [start, end) of `path`; `version` pins an object's version (gcsfs's generation, s3fs's VersionId: every
@@ -567,14 +509,19 @@ class RangeReader:
     self.requests = 0
     self.bytes = 0
     self._count_lock = threading.Lock()
+    # what a request costs, local and remote apart (a first guess until measured: a local pread ~20 µs at ~3 GB/s,
+    # an object store's ranged GET ~25 ms at ~40 MB/s per connection)
+    self.cost = {"local": RequestCost(64 << 10), "remote": RequestCost(1 << 20)}
 
   # --- local -------------------------------------------------------------------------------------------------
   def _read_local(self, r: Range) -> bytes:
     path = local_path(r.path)
+    began = time.perf_counter()
     try:
       out = self.policy.call(lambda: self.local.pread(path, r.start, r.end, r.version), r.path)
     except FileNotFoundError:
       raise ShardMissing(f"{r.path} is not there (deleted or renamed after it was indexed)") from None
+    self.cost["local"].add(len(out), time.perf_counter() - began)
     self._count(len(out))
     return out
 
@@ -607,8 +554,10 @@ class RangeReader:
         if attempt:
           fs = self._filesystem(r.path)   # a new client after a credential refresh
         async with sem:
+          sent = time.perf_counter()
           out = await asyncio.wait_for(fs._cat_file(inner, start=r.start, end=r.end, **kwargs),
                                        self.policy.request_timeout_s)
+          self.cost["remote"].add(len(out), time.perf_counter() - sent)
         if len(out) != r.end - r.start:
           raise ShardChanged(f"{r.path}: {len(out)} of the {r.end - r.start} bytes at {r.start} were returned: the "
                              f"object is not the one indexed (replaced or truncated); rebuild the index")
@@ -618,7 +567,7 @@ class RangeReader:
         raise
       except Exception as e:  # noqa: BLE001 — classified by the policy
         if kwargs and classify(e) == "missing":
-          raise _version_gone(r.path, r.version) from None
+          raise version_gone(r.path, r.version) from None
         first = began if first is None else first
         await asyncio.sleep(self.policy.failed(r.path, e, first, attempt, tries))
         attempt += 1
@@ -646,6 +595,10 @@ class RangeReader:
       else:
         futures.append(self._local_pool.submit(self._read_local, r))
     return Handle(futures)
+
+  def gap_bytes(self, path: str) -> int:
+    """RequestCost.gap_bytes of the store `path` lies in."""
+    return self.cost["local" if local_path(path) is not None else "remote"].gap_bytes()
 
   def read(self, ranges: list[Range]) -> list[bytes]:
     return self.submit(ranges).result()

@@ -35,6 +35,12 @@ class StreamReader:
     self.it = mix_lib.buffer_shuffle(mix_lib.interleave(shards), self.buffer, self.schedule.buffer_rng(window))
     self.next = window.start
 
+  def close(self) -> None:
+    """Close the window's shards (their files); the next `take` opens its window again."""
+    if self.it is not None:
+      self.it.close()
+    self.window, self.it = None, None
+
   def take(self, q: int) -> web.Sample:
     q = int(q)
     w = self.window

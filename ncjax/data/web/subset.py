@@ -266,23 +266,16 @@ def read_manifest(path: str) -> dict:
   return manifest
 
 
-def _local_copy(path: str, name: str, cache_dir: str) -> str:
-  """A local path of FILTER_DIR/name: itself on local disk, else a per-host cached copy (content-addressed: a file
-  present is whole; one process per host downloads it)."""
-  from ncjax.data.web import index as web_index
-  from ncjax.data.web import store
-  src = fileio.join(path, name)
+def _bits(path: str, name: str, cache_dir: str, cache_bytes: int) -> np.ndarray:
+  """FILTER_DIR/name memory-mapped: in place on local disk, else from this host's cache (ncjax.data.web.host_cache:
+  content-addressed, one process per host downloads it, least recently used files evicted beyond `cache_bytes`)."""
+  from ncjax.data.web import host_cache
   if not fileio.is_remote(path):
-    return src
-  local = web_index.cache_dir_of(path, cache_dir)
-  dst = os.path.join(local, name)
-  with web_index._host_lock(os.path.join(local, ".lock")):   # noqa: SLF001 — the index's per-host lock
-    if not os.path.isfile(dst):
-      web_index._download(src, dst, store.RetryPolicy())   # noqa: SLF001
-  return dst
+    return np.load(fileio.join(path, name), mmap_mode="r")
+  return host_cache.mapped(path, [name], cache_dir, cache_bytes=cache_bytes)[name]
 
 
-def open_subset(path: str, datasets, cache_dir: str = "") -> Subset:
+def open_subset(path: str, datasets, cache_dir: str = "", cache_bytes: int = 32 << 30) -> Subset:
   """The filter at `path` for the training datasets `datasets` (in the mixture's order): each checked against the
   dataset it was chosen from (one error naming the difference), its bits memory-mapped."""
   manifest = read_manifest(path)
@@ -294,7 +287,7 @@ def open_subset(path: str, datasets, cache_dir: str = "") -> Subset:
   kept = []
   for d, (ident, ds) in enumerate(zip(recorded, datasets)):
     check_identity(ident, ds, f"input.web.filter={path!r} (dataset {d}, {ident['name']})")
-    bits = np.load(_local_copy(path, ident["file"], cache_dir), mmap_mode="r")
+    bits = _bits(path, ident["file"], cache_dir, cache_bytes)
     k = KeptSet(bits, ident["num_examples"])
     if k.kept != ident["kept"]:
       raise errors.DataError(f"{path}/{ident['file']} holds {k.kept} kept pairs, its manifest says {ident['kept']}: "
@@ -471,7 +464,7 @@ def write_shards(path: str, out_root: str, process_index: int = 0, process_count
   manifest = read_manifest(path)
   written, g = 0, 0
   for d, ident in enumerate(manifest["datasets"]):
-    bits = np.load(_local_copy(path, ident["file"], ""), mmap_mode="r")
+    bits = _bits(path, ident["file"], "", 32 << 30)
     kept = KeptSet(bits, ident["num_examples"])
     base = out_root if len(manifest["datasets"]) == 1 else fileio.join(out_root, f"d{d}")
     first = 0

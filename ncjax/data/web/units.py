@@ -27,6 +27,7 @@ class Units:
     self.mode, self.read = order.mode, order.read
     self.process_index, self.local_batch_size = order.process_index, order.local_batch_size
     self.split_gap_bytes = int(split_gap_bytes)
+    self.measured_gap = None   # (path -> bytes): the reader's RequestCost, set by the run that reads (-1 above)
 
   def _locate(self, gid: int) -> tuple[int, int]:
     d = int(np.searchsorted(self.offsets, gid, side="right") - 1)
@@ -50,10 +51,14 @@ class Units:
 
   def _cut(self, d: int, first: int, last: int) -> list[tuple[int, int]]:
     """Dataset d's ids [first, last] (a filtered block) as [start, end) spans of ids: one, unless the unread bytes
-    between two consecutive kept pairs exceed input.web.split_gap_bytes, where the span is cut in two."""
+    between two consecutive kept pairs exceed input.web.split_gap_bytes (-1: measured, RequestCost.gap_bytes),
+    where the span is cut in two."""
     ds, kept = self.datasets[d], self.kept[d]
     ids = np.flatnonzero(kept.flags(first, last + 1)) + first
-    if len(ids) < 2 or self.split_gap_bytes <= 0:
+    limit = self.split_gap_bytes
+    if limit < 0:   # measured: the bytes one request's own cost would read on this store
+      limit = self.measured_gap(ds.root) if self.measured_gap is not None else -1
+    if len(ids) < 2 or limit <= 0:
       return [(first, last + 1)]
     offsets = np.asarray(ds.index.offsets[np.minimum(np.concatenate([ids, ids + 1]), ds.num_examples - 1)],
                          np.int64)
@@ -61,7 +66,7 @@ class Units:
     missing = int(ds.index.missing)
     gap = starts[1:] - ends[:-1]                       # bytes from the end of one kept pair to the next one's start
     shard = np.searchsorted(ds.starts, ids, side="right")
-    cut = (gap > self.split_gap_bytes) & (starts[1:] != missing) & (ends[:-1] != missing) & \
+    cut = (gap > limit) & (starts[1:] != missing) & (ends[:-1] != missing) & \
         (shard[1:] == shard[:-1])                     # (across a shard's end the run is split anyway)
     bounds = np.flatnonzero(cut) + 1
     pieces = np.split(ids, bounds)
