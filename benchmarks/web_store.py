@@ -19,6 +19,8 @@ a proxy that holds every request for 0, 10 or 30 ms (tests/latency_proxy.py: a r
 
   .venv/bin/python -m benchmarks.run --suites=web_store        (--quick: fewer steps, 2,000 shards)
   .venv/bin/python -m benchmarks.web_store --train_only        (part 2 alone, with a row of injected noise 0.4)
+  .venv/bin/python -m benchmarks.web_store --pin_check         (local reads with and without the per-read pin check)
+  .venv/bin/python -m benchmarks.web_store --split_gap         (filtered block reads: the split gap, fixed or measured)
 """
 
 from __future__ import annotations
@@ -128,9 +130,9 @@ def _train_rate(server, proxy_cls, root, cache, tmp, steps: int) -> list[dict]:
 def open_index(index_dir: str, cache: str, barrier: str) -> dict:
   """(in a child process) open a gs:// index, touch every offset; memory and time."""
   from benchmarks.web_data import _status
+  from ncjax import fileio
   from ncjax.data.web import index as web_index
-  import fsspec
-  fsspec.filesystem("gcs")   # the client made before the baseline: what is measured is the index
+  fileio.filesystem(index_dir)   # the client made before the baseline: what is measured is the index
   before = _status()
   while not os.path.exists(barrier):   # both processes start opening at once
     time.sleep(0.005)
@@ -280,6 +282,101 @@ def table_route(tmp: str, sizes=(40_000, 320_000), steps: int = 100, batch: int 
   return rows
 
 
+def pin_check_cost(quick: bool = False) -> list[dict]:
+  """The cost of comparing a local shard's open descriptor with its pin after every read (issue 53): ranged reads
+  of single pairs (`RangeReader`, 16 threads, the page cache warm) and per-pair host batches, with and without the
+  fstat, in alternating repetitions (the median of each). `python -m benchmarks.web_store --pin_check`."""
+  from ncjax.data.web import dataset as web
+  from ncjax.data.web import index as web_index
+  from ncjax.data.web import pipeline as web_pipeline
+  from ncjax.data.web import store
+  from ncjax.data.web import synthetic as web_synthetic
+  from ncjax.tokenizers import WordTokenizer
+  tmp = tempfile.mkdtemp(prefix="ncjax-bench-pins-")
+  root = os.path.join(tmp, "web")
+  web_synthetic.write_img2dataset(root, 0, shard_sizes=SIZES, image_size=32, pool=64)
+  web_index.build_index(root, workers=1)
+  ds = web.open_dataset(root)
+  ids = np.random.default_rng(0).permutation(ds.num_examples)
+  runs = ds.index.sample_ranges(ds, ids)
+  ranges = [store.Range(ds.shards[s], a, b, ds.version_of(s)) for s, a, b in zip(*runs)]
+  tok = WordTokenizer.build(web_synthetic.captions(0, 500), context_length=32)
+  rates: dict = {}
+  checked = store.check_descriptor
+  for rep in range(3 if quick else 7):
+    for check in (False, True):
+      store.check_descriptor = checked if check else (lambda *args: None)   # without: the check removed
+      try:
+        reader = store.RangeReader()
+        t = time.perf_counter()
+        reader.read(ranges)
+        rates.setdefault(("RangeReader, one pair per read", check), []).append(
+            len(ranges) / (time.perf_counter() - t))
+        reader.close()
+        data = web_pipeline.WebTrainData([ds], tok, 64, rep, None, read="pair", image_size=32, num_threads=2,
+                                         process_index=0, process_count=1)
+        t = time.perf_counter()
+        steps = sum(1 for _ in data.host_batches(0, 40 if quick else 100))
+        rates.setdefault(("host batches, per-pair reads (decode 32 px)", check), []).append(
+            steps * 64 / (time.perf_counter() - t))
+      finally:
+        store.check_descriptor = checked
+  rows = []
+  for what in dict.fromkeys(k for k, _ in rates):
+    off, on = float(np.median(rates[what, False])), float(np.median(rates[what, True]))
+    rows.append(dict(what=what, without=off, with_check=on, cost=1 - on / off))
+    print(rows[-1], flush=True)
+  common.write("web_pin_check", dict(rows=rows))
+  common.report("Local reads with the pin compared by fstat after every read (pairs/s, median)", rows,
+                [("what", "reads", "s"), ("without", "without", ",.0f"), ("with_check", "with the check", ",.0f"),
+                 ("cost", "cost", ".1%")])
+  return rows
+
+
+def split_gap(quick: bool = False) -> list[dict]:
+  """Filtered block reads at keep 10% on local disk (160-px JPEGs): bytes read per kept byte and requests, with the
+  fixed 512 KiB gap of before issue 53, 64 KiB, and the gap measured on the run's own requests (-1, the default).
+  `python -m benchmarks.web_store --split_gap`."""
+  from ncjax.data.web import dataset as web
+  from ncjax.data.web import index as web_index
+  from ncjax.data.web import pipeline as web_pipeline
+  from ncjax.data.web import subset as subset_lib
+  from ncjax.data.web import synthetic as web_synthetic
+  from ncjax.tokenizers import WordTokenizer
+  tmp = tempfile.mkdtemp(prefix="ncjax-bench-gap-")
+  root = os.path.join(tmp, "web")
+  web_synthetic.write_img2dataset(root, 0, shard_sizes=SIZES, image_size=160, pool=64)
+  web_index.build_index(root, workers=1)
+  ds = web.open_dataset(root)
+  flags = np.random.default_rng(0).random(ds.num_examples) < 0.1
+  path = os.path.join(tmp, "filter")
+  subset_lib.write_filter(path, [subset_lib.dataset_identity(ds)], [subset_lib.pack(flags)], dict(keep=0.1),
+                          dict(kind="benchmark"))
+  tok = WordTokenizer.build(web_synthetic.captions(0, 500), context_length=32)
+  rows = []
+  for gap in (512 << 10, 64 << 10, -1):
+    data = web_pipeline.WebTrainData([ds], tok, 64, 0, None, read="block", image_size=32, num_threads=2,
+                                     process_index=0, process_count=1, subset=subset_lib.open_subset(path, [ds]),
+                                     split_gap_bytes=gap)
+    t = time.perf_counter()
+    kept = 0
+    for b in data.host_batches(0, data.steps_per_window * (1 if quick else 3)):   # whole windows: all they read
+      _, start, end = ds.index.sample_ranges(ds, np.asarray(b["id"]))
+      kept += int(np.sum(end - start))
+    dt = time.perf_counter() - t
+    reads = data.last_reads
+    rows.append(dict(gap=("measured: " + ", ".join(f"{k} {v / 1024:.0f} KiB" for k, v in
+                                                     reads["split_gap_bytes"].items() if k == "local"))
+                     if gap < 0 else f"{gap >> 10} KiB", bytes_per_kept_byte=reads["bytes"] / max(1, kept),
+                     requests=reads["requests"], seconds=dt))
+    print(rows[-1], flush=True)
+  common.write("web_split_gap", dict(rows=rows))
+  common.report("Filtered block reads at keep 10%, local disk", rows,
+                [("gap", "split gap", "s"), ("bytes_per_kept_byte", "bytes read / kept byte", ".2f"),
+                 ("requests", "requests", "d"), ("seconds", "s", ".2f")])
+  return rows
+
+
 def train_only(quick: bool = False) -> dict:
   """Part 2 alone (the ratio README's web-data section states): `python -m benchmarks.web_store --train_only`."""
   GCSServer, LatencyProxy = _servers()
@@ -339,4 +436,5 @@ def run(quick: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-  (train_only if "--train_only" in sys.argv else run)(quick="--quick" in sys.argv)
+  part = {"--train_only": train_only, "--pin_check": pin_check_cost, "--split_gap": split_gap}
+  next((f for flag, f in part.items() if flag in sys.argv), run)(quick="--quick" in sys.argv)

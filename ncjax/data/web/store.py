@@ -376,8 +376,8 @@ class _LocalFiles:
   is reading through it (a closed descriptor's number is reused by the next open: reading then returns another
   file's bytes)."""
 
-  def __init__(self, limit: int = 256, check: bool = True):
-    self.limit, self.lock, self.check = max(1, int(limit)), threading.Lock(), bool(check)
+  def __init__(self, limit: int = 256):
+    self.limit, self.lock = max(1, int(limit)), threading.Lock()
     self.fds: dict[str, list] = {}   # path -> [fd, readers in flight, pin]; insertion order = recency
 
   def pread(self, path: str, start: int, end: int, pin: str = "") -> bytes:
@@ -402,7 +402,7 @@ class _LocalFiles:
       self._evict()
     try:
       out = os.pread(entry[0], end - start, start)
-      if entry[2] is not None and self.check:
+      if entry[2] is not None:
         check_descriptor(path, entry[0], entry[2])   # after the read: a change that began before it ended is seen
     finally:
       with self.lock:
@@ -433,9 +433,11 @@ class _LocalFiles:
 
 
 class RequestCost:
-  """What a request to a store costs, measured on the requests made: a least-squares line seconds = latency +
-  bytes / bandwidth over the last `window` of them. `gap_bytes()` is latency x bandwidth, the bytes the fixed cost of
-  one request would read: unread bytes between two wanted ranges cost less read than skipped below it, and more
+  """What a request to a store costs, measured on the requests made: a least-squares line seconds = fixed + bytes /
+  bandwidth over the last `window` of them — on an object store the wall time a request holds one of the
+  `max_inflight` slots (its latency, then its transfer), on local disk the CPU time of the thread that reads (the
+  host's cores are what a pool of readers runs out of). `gap_bytes()` is fixed x bandwidth, the bytes the fixed cost
+  of one request would read: unread bytes between two wanted ranges cost less read than skipped below it, and more
   above (input.web.split_gap_bytes=-1). Until the line can be fitted (fewer than `window` / 8 requests, sizes too
   alike to tell the two costs apart, a slope that is not positive) the last fitted value, at first `initial`."""
 
@@ -498,10 +500,10 @@ class RangeReader:
   """Concurrent ranged reads of local files and object-store objects, with the retry policy above."""
 
   def __init__(self, policy: RetryPolicy | None = None, max_inflight: int = 64, local_threads: int = 16,
-               open_files: int = 256, check_local: bool = True):
+               open_files: int = 256):
     self.policy = policy or RetryPolicy()
     self.max_inflight = max(1, int(max_inflight))
-    self.local = _LocalFiles(open_files, check_local)
+    self.local = _LocalFiles(open_files)
     self._local_pool = cf.ThreadPoolExecutor(max(1, int(local_threads)), thread_name_prefix="ncjax-pread")
     self._fs: dict[str, object] = {}
     self._fs_epoch: dict[str, int] = {}
@@ -509,19 +511,19 @@ class RangeReader:
     self.requests = 0
     self.bytes = 0
     self._count_lock = threading.Lock()
-    # what a request costs, local and remote apart (a first guess until measured: a local pread ~20 µs at ~3 GB/s,
-    # an object store's ranged GET ~25 ms at ~40 MB/s per connection)
+    # what a request costs, local and remote apart (a first guess until measured: a local read ~20 µs of CPU at
+    # ~3 GB/s, an object store's ranged GET ~25 ms at ~40 MB/s per connection)
     self.cost = {"local": RequestCost(64 << 10), "remote": RequestCost(1 << 20)}
 
   # --- local -------------------------------------------------------------------------------------------------
   def _read_local(self, r: Range) -> bytes:
     path = local_path(r.path)
-    began = time.perf_counter()
+    began = time.thread_time()   # the CPU a read takes: what a pool of threads on a host's cores runs out of
     try:
       out = self.policy.call(lambda: self.local.pread(path, r.start, r.end, r.version), r.path)
     except FileNotFoundError:
       raise ShardMissing(f"{r.path} is not there (deleted or renamed after it was indexed)") from None
-    self.cost["local"].add(len(out), time.perf_counter() - began)
+    self.cost["local"].add(len(out), time.thread_time() - began)
     self._count(len(out))
     return out
 
