@@ -2,8 +2,8 @@
 caption shuffle at ratio 0.4 over a mixture of two datasets (7M + 3M pairs), 4 processes, at 256 / 1,024 / 4,096
 pairs per process, under the two indexed reads:
 
-* per pair (`input.web.read=pair`, `noise.PermutedNoise`): NCR's protocol over the whole id space, one ranged
-  read per noisy pair's partner;
+* per pair (`input.web.read=pair`, `noise.PermutedNoise` per dataset: `noise.DatasetNoise`): NCR's protocol over
+  each dataset's ids, one ranged read per noisy pair's partner;
 * in blocks (`input.web.read=block`, `noise.BlockNoise`): blocks paired across the dataset, partners from the other
   block of the pair, read with it, the window's deal keeping each noisy caption's own image out of its batch.
 

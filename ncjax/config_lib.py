@@ -161,7 +161,8 @@ def base_config() -> ml_collections.ConfigDict:
       # weights 'w1::w2' of a mixture (default: the datasets' sizes); resample: streamed shards drawn with
       # replacement; window shard segments read interleaved through a shuffle buffer of `buffer` pairs; mix_block:
       # positions per mixture block; caption_key / clean_key of the .json; cache_dir: the host's copy of a gs://
-      # index (and filter), least recently used files evicted beyond cache_bytes; a word vocabulary counts at most vocab_captions captions and keeps at most max_vocab words;
+      # index (and filter), least recently used files evicted beyond cache_bytes; a word vocabulary counts at most
+      # vocab_captions captions and keeps at most max_vocab words;
       # decoder: 'pil' or 'simplejpeg' (JPEGs; pip install 'ncjax[web]'); workers: decode processes (0: the
       # input.num_threads threads of the training process; -1: one per usable core); max_inflight: ranged reads
       # in flight; io_deadline_s: how long a read retries a store that does not answer before the run stops;

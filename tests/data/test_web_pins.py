@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+import numpy as np
 import pytest
 from fsspec.asyn import AsyncFileSystem
 
@@ -177,3 +178,18 @@ def test_a_file_url_read_is_a_local_read_pinned_and_a_short_read_is_an_error(loc
       ds.read(6)
   finally:
     ds.close()
+
+
+def test_a_filters_kept_pairs_are_written_only_from_the_shards_that_were_scored(local_data, tmp_path):
+  # `ncjax filter --write_shards` streamed each source shard by path: one written over since it was scored gave its
+  # new pairs under the kept ids
+  from ncjax.data.web import subset as subset_lib
+  ds = web.open_dataset(local_data)
+  path = str(tmp_path / "filter")
+  subset_lib.write_filter(path, [subset_lib.dataset_identity(ds)], [subset_lib.pack(np.arange(ds.num_examples) % 3
+                                                                                    == 0)], dict(keep=0.33),
+                          dict(kind="test"))
+  assert subset_lib.write_shards(path, str(tmp_path / "kept")) == 600
+  write_in_place(os.path.join(local_data, "00001.tar"))
+  with pytest.raises(store.ShardChanged, match="00001.tar changed since this run listed it"):
+    subset_lib.write_shards(path, str(tmp_path / "kept_again"))

@@ -42,6 +42,7 @@ import numpy as np
 from ncjax import fileio
 from ncjax.data.tables import readers
 from ncjax.data.web import host_cache
+from ncjax.data.web import pinned_stream
 from ncjax.data.web import store
 from ncjax.data.web import tar as web
 
@@ -146,8 +147,9 @@ def scan_shard(task) -> dict:
   size = task[4] if len(task) > 4 else None
   if len(task) > 5 and task[5] != fileio.request_timeout_s():
     fileio.bound_requests(task[5])
+  pin = task[6] if len(task) > 6 else ""
   policy = store.RetryPolicy(deadline_s=deadline_s, request_timeout_s=fileio.request_timeout_s())
-  return policy.call(lambda: _scan(path, expected, clean_key, size), path)
+  return policy.call(lambda: _scan(path, expected, clean_key, size, pin), path)
 
 
 def scan_shards(tasks: list) -> list[dict]:
@@ -158,13 +160,15 @@ def scan_shards(tasks: list) -> list[dict]:
     return list(pool.map(scan_shard, tasks))
 
 
-def _scan(path: str, expected, clean_key: str, known_size: int | None = None) -> dict:
+def _scan(path: str, expected, clean_key: str, known_size: int | None = None, pin: str = "") -> dict:
+  """One shard's offsets, read as listed (`pin`: the part records the listing's version, so its bytes must be that
+  version's: a shard changed while it is scanned is ShardChanged, scanned again by the next build)."""
   offsets, ends, clean, error = [], [], [], ""
   want = {"json"} if clean_key else set()
   size = None
   whole = fileio.is_remote(path) and known_size is not None and known_size <= WHOLE_OBJECT_BYTES
   try:
-    with (io.BytesIO(fileio.read_bytes(path)) if whole else fileio.open_sequential(path)) as f:
+    with pinned_stream.open_stream(path, pin, buffer_size=max(1, known_size or 0) if whole else 8 << 20) as f:
       size = f.seek(0, 2)
       f.seek(0)
       for key, begin, sample_end, parts in web.iter_samples(f, want):
@@ -230,7 +234,7 @@ def build_index(root: str, *, index_dir: str = "", workers: int = 0, num_hosts: 
     mine = [s for s in mine if part_path(index_dir, names[s]) not in have or s in stale]
   counts = metadata_counts([shards[s].path for s in mine], policy=policy)
   workers = workers or usable_cores()
-  tasks = [(shards[s].path, counts[k], clean_key, deadline_s, shards[s].size, policy.request_timeout_s)
+  tasks = [(shards[s].path, counts[k], clean_key, deadline_s, shards[s].size, policy.request_timeout_s, shards[s].pin)
            for k, s in enumerate(mine)]
   chunk = max(1, min(SCAN_THREADS * 2, len(tasks) // max(1, workers * 4)))
   chunks = [(mine[i:i + chunk], tasks[i:i + chunk]) for i in range(0, len(tasks), chunk)]

@@ -1,7 +1,8 @@
 """The deal of block reads: a window's pairs dealt into batches so that no pair meets a second copy of itself and no
-noisy caption meets its own image (`separate_own_images`), what the loss then sees of the injected noise (`block_noise_statistics`,
-benchmarks/web_noise.py) and the one line that describes the noise (`describe_noise`). The noise itself (which
-caption shows which image) is `ncjax.data.noise.BlockNoise`; the order that reads it, ncjax.data.web.order."""
+noisy caption meets its own image (`separate_own_images`), what the loss then sees of the injected noise
+(`block_noise_statistics`, benchmarks/web_noise.py) and the one line that describes the noise (`describe_noise`).
+The noise itself (which caption shows which image) is `ncjax.data.noise.BlockNoise`; the order that reads it,
+ncjax.data.web.order."""
 
 from __future__ import annotations
 

@@ -76,8 +76,8 @@ class _RemoteStream(io.RawIOBase):
         raise store.version_gone(self.path, self.version) from None
       raise
     if len(data) != end - self.pos:
-      raise store.ShardChanged(f"{self.path}: {len(data)} of the {end - self.pos} bytes at {self.pos} were returned: the "
-                         f"object is not the one listed (replaced or truncated)")
+      raise store.ShardChanged(f"{self.path}: {len(data)} of the {end - self.pos} bytes at {self.pos} were returned: "
+                               f"the object is not the one listed (replaced or truncated)")
     b[:len(data)] = data
     self.pos = end
     return len(data)

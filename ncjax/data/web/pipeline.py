@@ -4,9 +4,10 @@ with host memory per process independent of the dataset size, read at the rate a
 an object store.
 
 Datasets. `web:ROOT[::ROOT2::...]` (open_clip's `--train-data 'a::b'`), each an img2dataset webdataset output
-(ncjax.data.web.dataset); with several, `input.web.weights='w1::w2'` (open_clip's --train-data-upsampling-factors: relative
-weights, default each dataset's size) sets the mixture. Dataset d's pair j has the global id offsets[d] + j with its
-id j as ncjax.data.web.dataset defines it (shard order, then tar order): the same in every mode below.
+(ncjax.data.web.dataset); with several, `input.web.weights='w1::w2'` (open_clip's
+--train-data-upsampling-factors: relative weights, default each dataset's size) sets the mixture. Dataset d's pair
+j has the global id offsets[d] + j with its id j as ncjax.data.web.dataset defines it (shard order, then tar order):
+the same in every mode below.
 
 Modes (`input.web.mode`) and, indexed, how the index is read (`input.web.read`):
 * 'index' + read 'pair' (the default on local disk): a global shuffle per epoch of each dataset (an on-demand
@@ -28,10 +29,12 @@ Modes (`input.web.mode`) and, indexed, how the index is read (`input.web.read`):
   caption is shown an image of the other block of its pair, and the order lists a pair's blocks together, so the
   partner's block is read anyway (the reader reads it wherever it is not: nothing is ever missing); exactly
   floor(ratio N_d) captions of each dataset are shown another image; the deal into batches
-  (`noise_deal.separate_own_images`) keeps each noisy caption's own image out of its global batch;
-  `noise_deal.block_noise_statistics` measures what the loss sees (benchmarks/web_noise.py).
-* 'stream': nothing built; process p streams its own share of each epoch (ncjax.data.web.mixture: an exact partition of
-  the epoch's shard list by sample counts, every pair read once per epoch over the processes) through windows of
+  (`noise_deal.separate_own_images`) keeps each noisy caption's own image out of its global batch, and a pair's
+  second copy out of a batch of a window across an epoch's end; a window of fewer than 3 steps, too short for the
+  deal, is said in one warning; `noise_deal.block_noise_statistics` measures what the loss sees
+  (benchmarks/web_noise.py).
+* 'stream': nothing built; process p streams its own share of each epoch (ncjax.data.web.mixture: an exact partition
+  of the epoch's shard list by sample counts, every pair read once per epoch over the processes) through windows of
   `input.web.window` shard segments read interleaved and a shuffle buffer of `input.web.buffer` pairs. Injected
   static noise needs an index; `in_batch_resample` works in every mode.
 Nothing is restored but the step: resume is bitwise. A resume whose shuffle seed, process count, mode, read, block,
@@ -41,16 +44,18 @@ An epoch is sum N_d // B steps (with a mixture, `num_epochs` counts passes over 
 weights).
 
 Pipeline, three stages connected by bounded queues: a fetch thread submits the ranged reads of the next units (a
-step, or a window) to ncjax.data.web.store.RangeReader — `input.web.max_inflight` requests at once — and turns the bytes
-into `ExampleSpec`s (tar members parsed, the noise partner looked up per batch); a decode thread hands each step's
+step, or a window) to ncjax.data.web.store.RangeReader — `input.web.max_inflight` requests at once — and turns the
+bytes into `ExampleSpec`s (tar members parsed, the noise partner looked up per batch); a decode thread hands each step's
 specs to the decoder (ncjax.data.web.decode: `input.num_threads` threads, or `input.web.workers` processes writing
 into shared memory) and assembles the host batch; the training loop takes finished batches, `input.prefetch` ahead.
 
-Faults (ncjax.data.web.store). A fault of the store is retried with backoff for `input.web.io_deadline_s` seconds, then
-stops the run with one line (its last checkpoint intact); every request has a timeout (`input.web.request_timeout_s`),
-so a store that stops answering is a fault too. A missing, changed or added shard is one error naming it: every
-shard is pinned to what the run listed at start-up (an object's generation and checksum, a local file's size,
-modification time and inode), checked on each open of it, in every mode, and the pins go with every checkpoint (a
+Faults (ncjax.data.web.store). A fault of the store is retried with backoff for `input.web.io_deadline_s` seconds,
+then stops the run with one line (its last checkpoint intact); every request has a timeout
+(`input.web.request_timeout_s`), so a store that stops answering is a fault too; a TLS certificate that does not
+verify or credentials refused after one refresh stop it at once. A missing, changed or added shard is one error
+naming it: every shard is pinned to what the run listed at start-up (an object's generation and checksum, a local
+file's size, modification time and inode), checked by every read of it, in every mode (each object request asks for
+the generation; a local descriptor's fstat is compared after each read), and the pins go with every checkpoint (a
 resume on changed data is refused). Only a record's own content (a sample missing from a cut tar, an image that does
 not decode, an empty or non-UTF-8 caption) makes a bad record: it is counted in `input/skipped_records`, and its
 slot takes the next usable pair of this process's part of the batch (a repeat); input.on_bad_record='raise' raises

@@ -179,8 +179,9 @@ class RetryPolicy:
     kind = classify(e)
     if kind == "tls":
       raise StoreRefused(errno.EACCES, f"reading {what}: the store's TLS certificate does not verify "
-                         f"({_reason(e)}); not retried: check the store's address (an endpoint or STORAGE_EMULATOR_HOST "
-                         f"setting), the CA certificates (SSL_CERT_FILE) or a proxy that intercepts TLS") from None
+                         f"({_reason(e)}); not retried: check the store's address (an endpoint or "
+                         f"STORAGE_EMULATOR_HOST setting), the CA certificates (SSL_CERT_FILE) or a proxy that "
+                         f"intercepts TLS") from None
     if kind == "access":
       tries = {} if tries is None else tries
       if not tries.get("refreshed"):

@@ -460,7 +460,7 @@ def write_shards(path: str, out_root: str, process_index: int = 0, process_count
   out_root/d<d>/ when the filter covers several): each source shard streamed once and written as a tar of its kept
   samples (their members as they were), a parquet of (key, caption, status, url) and a _stats.json. Shard g (in id
   order) belongs to process g mod P; returns the pairs this process wrote. Memory: one shard's kept samples."""
-  from ncjax.data.web import tar
+  from ncjax.data.web import pinned_stream, tar
   manifest = read_manifest(path)
   written, g = 0, 0
   for d, ident in enumerate(manifest["datasets"]):
@@ -468,7 +468,8 @@ def write_shards(path: str, out_root: str, process_index: int = 0, process_count
     kept = KeptSet(bits, ident["num_examples"])
     base = out_root if len(manifest["datasets"]) == 1 else fileio.join(out_root, f"d{d}")
     first = 0
-    for name, n in zip(ident["shards"], ident["counts"]):
+    versions = ident.get("versions") or [""] * len(ident["shards"])
+    for name, n, size, version in zip(ident["shards"], ident["counts"], ident["sizes"], versions):
       mine = g % process_count == process_index
       g += 1
       flags = kept.flags(first, first + n) if mine else None
@@ -478,7 +479,9 @@ def write_shards(path: str, out_root: str, process_index: int = 0, process_count
       chunks, rows = [], dict(key=[], caption=[], status=[], url=[])
       j = 0
       try:
-        with fileio.open_sequential(fileio.join(ident["root"], name)) as f:
+        # the shard that was scored, and no other version of it (a filter names its pairs by their ids)
+        pin = f"{size}:{version.split(':')[0]}" if version and size >= 0 else ""
+        with pinned_stream.open_stream(fileio.join(ident["root"], name), pin) as f:
           for key, _, _, parts in tar.iter_samples(f):
             if j >= n:
               break
