@@ -16,6 +16,8 @@ a proxy that holds every request for 0, 10 or 30 ms (tests/latency_proxy.py: a r
    with 1 and 2 worker processes.
 6. A CSV table of 40k and 320k pairs written as webdataset shards (`build --dataset=web --table=...`) and read as web
    data: the conversion's time and a training process's peak memory, per added pair.
+7. Local reads with and without the per-read pin check (an fstat of the open descriptor), and filtered block reads
+   at keep 10% with a fixed or a measured split gap (issue 53).
 
   .venv/bin/python -m benchmarks.run --suites=web_store        (--quick: fewer steps, 2,000 shards)
   .venv/bin/python -m benchmarks.web_store --train_only        (part 2 alone, with a row of injected noise 0.4)
@@ -411,6 +413,8 @@ def run(quick: bool = False) -> dict:
     payload["index_memory"] = _index_memory(server, server.path("mem"), tmp, 10_000_000)
     payload["many_shards"] = _many_shards(server, LatencyProxy, server.path("many"), tmp, 2000 if quick else 10_000)
   payload["host_input"] = host_input(200 if quick else 600)
+  payload["pin_check"] = pin_check_cost(quick)
+  payload["split_gap"] = split_gap(quick)
   payload["table_route"] = table_route(tmp, (20_000, 80_000) if quick else (40_000, 320_000))
   common.write("web_store", payload)
   common.report("Web data on gs:// behind a latency proxy: the reader of one process (batch 64, 32 px)",

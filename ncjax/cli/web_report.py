@@ -195,8 +195,10 @@ def write_report(out: str, datasets=None, top: int = 100, sample: int = 100, web
   manifest = summary.manifest
   if datasets is None:
     w = web_spec or WebSpec()
-    datasets = [web.open_dataset(d["root"], caption_key=w.caption_key, cache_dir=w.cache_dir)
-                for d in manifest["datasets"]]
+    policy = store.RetryPolicy(deadline_s=float(w.io_deadline_s), request_timeout_s=float(w.request_timeout_s))
+    fileio.bound_requests(policy.request_timeout_s)
+    datasets = [web.open_dataset(d["root"], caption_key=w.caption_key, cache_dir=w.cache_dir, policy=policy,
+                                 cache_bytes=w.cache_bytes) for d in manifest["datasets"]]
   for r in summary.suspects + summary.sample:
     r["shard_name"] = manifest["datasets"][r["dataset"]]["shards"][r["shard"]]
   fetched = fetch_pairs(summary.suspects + summary.sample, datasets)
