@@ -61,13 +61,31 @@ def test_a_shard_written_in_place_mid_run_stops_it_with_its_last_checkpoint_inta
   workdir = str(tmp_path / "run")
   with pytest.raises(store.ShardChanged, match=r"00001.tar changed since this run listed it") as raised:
     train.train(cfg, workdir, evaluate=hook)
-    assert not _readers_alive(), _readers_alive()                    # (the error still holds the run's frames)
-  assert not _readers_alive(), _readers_alive()
+  assert _readers_gone(), _readers_alive()
   assert raised.value.status == 3                                    # data (ncjax.errors)
   saved = sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit())
   assert saved and 3 <= saved[-1] < 24, saved
   state, _, step = ckpt_lib.restore_state_on_host(workdir)           # the last checkpoint restores whole
   assert step == saved[-1] and int(np.asarray(state["step"])) == step
+  # a run stopped by anything else (here its evaluation hook) while its reader waits between batches closes it too
+  web_index.build_index(root, workers=1)                             # the changed shard indexed as it is now
+
+  def failing_hook(step, state, writer):
+    if step == 2:
+      raise RuntimeError("the hook stops the run")
+
+  with pytest.raises(RuntimeError, match="the hook stops the run"):
+    train.train(cfg, str(tmp_path / "second"), evaluate=failing_hook)
+    # (the error still holds the run's frames)
+  assert _readers_gone(), _readers_alive()
+
+
+def _readers_gone(wait_s: float = 5.0) -> bool:
+  """No reader thread alive within `wait_s` (a fetch thread waiting on its last read ends when it returns)."""
+  deadline = time.monotonic() + wait_s
+  while _readers_alive() and time.monotonic() < deadline:
+    time.sleep(0.05)
+  return not _readers_alive()
 
 
 def _cli(args, env, tmp_path, *extra):
