@@ -255,6 +255,20 @@ def noise_for(data: str, given: float | None, embedded_default: float) -> float:
   return embedded_default if data in EMBEDDED_DATASETS else 0.0
 
 
+# model.size of a run that starts from another ncjax run (`init=WORKDIR`) and names no size: that checkpoint's size
+# and every architecture key the config leaves unset (ncjax.experiment.with_checkpoint_model, logged);
+# `model=checkpoint` asks for it by name. A pretrained init (openai:PATH, ...) replaces it with its own architecture.
+CHECKPOINT_SIZE = "checkpoint"
+
+
+def size_of(given: str | None, default: str, init: str) -> str:
+  """model.size: the size given; else the init checkpoint's (CHECKPOINT_SIZE) when the run starts from one; else
+  the config's default (a preset's)."""
+  if given is not None:
+    return given
+  return CHECKPOINT_SIZE if init and init != "random" else default   # 'random': experiment.RANDOM_INIT
+
+
 def apply_common(c, *, model: str, data: str, batch: int, epochs: int, noise: float, lr: float,
                  noise_kind: str = "caption_shuffle", weight_decay: float = 0.1, warmup_steps: int = 20,
                  init: str = ""):
@@ -548,7 +562,7 @@ def concept_unlearning(c, a, *, geometry: str):
   sphere_method, lorentz_method, train_on = CONCEPT_VARIANTS[a.variant]
   c.method.name = sphere_method if geometry == "sphere" else lorentz_method
   c.method.init_from = a.init
-  c.model.size = a.model
+  c.model.size = size_of(a.model, "tiny", a.init)
   c.model.geometry = geometry
   c.input.dataset = a.data
   c.input.global_batch_size = a.batch

@@ -19,9 +19,9 @@ from ncjax import config_lib
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, init="", variant="calibrate", classes="three", keywords="", subreddits="",
-                           eval_forget="", model="tiny", data="digits", batch=128, epochs=5, lr=2e-4, alpha=0.75,
-                           beta=0.5, gamma=0.75, epsilon=0.1)
+  a = config_lib.parse_arg(arg, init="", variant="calibrate", classes="three", keywords="",
+                           subreddits="", eval_forget="", model=config_lib.optional(str), data="digits", batch=128,
+                           epochs=5, lr=2e-4, alpha=0.75, beta=0.5, gamma=0.75, epsilon=0.1)
   c = config_lib.base_config()
   config_lib.concept_unlearning(c, a, geometry="sphere")
   return config_lib.lock(c)
