@@ -554,6 +554,24 @@ CONCEPT_VARIANTS = {
 }
 
 
+# The concept AC / HAC forget when none is named: digits' 'three' (the slides' experiment); other data has other
+# classes, or none, so there the concept is asked for.
+DIGITS_CONCEPT = "three"
+
+
+def concept_classes(a, method: str) -> str:
+  """The classes to forget: `classes=` as given; on digits without a concept named, 'three'; on other data without
+  classes, keywords or subreddits, a ConfigError asking for them (a guess would forget nothing, or the wrong thing)."""
+  if a.classes is not None:
+    return a.classes
+  if a.keywords or a.subreddits:
+    return ""
+  if a.data in ("digits", "tfds:digits"):
+    return DIGITS_CONCEPT
+  raise ConfigError(f"{method} on {a.data}: which concept to forget? name it with classes=NAME[+NAME] (the data's "
+                    f"class labels) or keywords=WORD[+WORD] (the pairs whose captions hold them)")
+
+
 def concept_unlearning(c, a, *, geometry: str):
   """The settings AC / HAC and their baselines share (configs/ac.py, configs/hac.py): the starting checkpoint, the
   concept, forget/retain batches, the unlearning and retrieval evaluators. `a` holds the parsed arguments."""
@@ -567,7 +585,7 @@ def concept_unlearning(c, a, *, geometry: str):
   c.input.dataset = a.data
   c.input.global_batch_size = a.batch
   c.num_epochs = 0 if a.variant == "original" else a.epochs
-  c.concept.classes = plus_list(a.classes)
+  c.concept.classes = plus_list(concept_classes(a, c.method.name))
   c.concept.keywords = plus_list(a.keywords)
   c.concept.subreddits = plus_list(a.subreddits)
   c.concept.train_on = train_on

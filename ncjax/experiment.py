@@ -344,9 +344,7 @@ def context_from_data(resolved: Resolved, captions, vocabulary=None) -> tuple[Re
   if have >= MAX_DATA_CONTEXT:   # nothing to raise it to (CLIP's sizes): no probe at start-up
     return resolved, None
   captions = list(captions)[::max(1, len(captions) // PROFILE_CAPTIONS)]   # an even sample of a large dataset
-  probe = dataclasses.replace(resolved.tokenizer, context_length=MAX_DATA_CONTEXT + 1).build(
-      captions, vocabulary=vocabulary)
-  lengths = np.sum(probe.encode(captions) != probe.pad_id, axis=1)
+  lengths = _token_counts(resolved, captions, vocabulary)
   longest = int(lengths.max())
   if longest <= have:
     return resolved, None
@@ -356,6 +354,32 @@ def context_from_data(resolved: Resolved, captions, vocabulary=None) -> tuple[Re
           f"{'' if longest <= MAX_DATA_CONTEXT else f', cut at {MAX_DATA_CONTEXT}'}); "
           f"--config.model.context_length=N sets it")
   return _with_context(resolved, wanted), note
+
+
+def _token_counts(resolved: Resolved, captions, vocabulary=None) -> np.ndarray:
+  """Each caption's tokens (start and end included) under the run's tokenizer kind, counted up to
+  MAX_DATA_CONTEXT + 1."""
+  probe = dataclasses.replace(resolved.tokenizer, context_length=MAX_DATA_CONTEXT + 1).build(
+      captions, vocabulary=vocabulary)
+  return np.sum(probe.encode(captions) != probe.pad_id, axis=1)
+
+
+def context_cut_on_web(resolved: Resolved, captions) -> str | None:
+  """The warning of a web-data run whose text context cuts captions: the share of `captions` (a sample of the
+  shards) longer than the context, and the longest (None where none is cut). Web data keeps the context it is given
+  — the size's, the checkpoint's or the config's — as what it reads is too large to measure at start-up; a context
+  of CLIP's 77 is not probed (CLIP's own sizes cut there by design)."""
+  have = resolved.model.context_length
+  if have >= MAX_DATA_CONTEXT or not len(captions):
+    return None
+  lengths = _token_counts(resolved, captions)
+  cut = lengths > have
+  if not cut.any():
+    return None
+  longest = int(lengths.max())
+  return (f"model.context_length {have} cuts {float(np.mean(cut)):.1%} of {len(lengths)} captions sampled from the "
+          f"web data's first shards (the longest: {longest}{'+' if longest > MAX_DATA_CONTEXT else ''} tokens); "
+          f"--config.model.context_length=N sets it (a checkpoint's context stays its own)")
 
 
 def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
@@ -372,12 +396,17 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
   if note:
     config, spec = resolved.config, resolved.model
     log.info("data-derived setting: %s", note)
-  main_stage_steps = None
+  main_stage_steps, web_captions = None, None
   if web_pipeline.is_web(inp.dataset):   # img2dataset output at any size: nothing N-long in memory
     train_data, tokenizer = web_pipeline.train_data(inp, resolved.noise, resolved.concept, resolved.tokenizer,
                                                     image_size=spec.image_size, mesh=mesh,
                                                     saved_tokenizer=saved_tokenizer)
     noisy = None   # the web path's noise is computed on demand (train_data.noise)
+    if spec.context_length < MAX_DATA_CONTEXT:   # (no read of the shards where nothing is probed)
+      web_captions = web_pipeline.sample_captions(train_data.datasets, PROFILE_CAPTIONS)
+      warning = context_cut_on_web(resolved, web_captions)
+      if warning:
+        log.warning("%s", warning)
   else:
     split = data_lib.load_split(inp, inp.split, spec.image_size)
     check_region_features(spec, split)
@@ -396,7 +425,9 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
                                       image_size=spec.image_size)
   if resolved.options.wants_data_profile():   # settings left to the data ('auto'), chosen from it once, logged
     web = web_pipeline.is_web(inp.dataset)
-    captions = web_pipeline.sample_captions(train_data.datasets, PROFILE_CAPTIONS) if web else split.captions
+    if web and web_captions is None:
+      web_captions = web_pipeline.sample_captions(train_data.datasets, PROFILE_CAPTIONS)
+    captions = web_captions if web else split.captions
     profile = caption_profile(captions, inp.global_batch_size, steps_per_epoch=train_data.steps_per_epoch)
     options, notes = resolved.options.from_data(profile)
     resolved = dataclasses.replace(resolved, options=options)

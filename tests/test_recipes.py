@@ -289,3 +289,17 @@ def test_a_run_from_an_ncjax_checkpoint_takes_its_model_and_a_given_key_that_dif
   with pytest.raises(errors.ConfigurationError, match="model.size='checkpoint' takes the model of the ncjax run"):
     resolve(make_config("clip", "model=checkpoint"))
 
+
+def test_concept_unlearning_on_a_users_data_asks_for_the_concept_instead_of_guessing_digits_three():
+  """AC / HAC forget digits' 'three' on digits (the slides' experiment); on other data, where 'three' names nothing,
+  a run without classes=, keywords= or subreddits= stops with one line asking for them."""
+  from ncjax import config_lib
+  for name in ("ac", "hac"):
+    with pytest.raises(config_lib.ConfigError, match=rf"^{name} on table:/data/mine.csv: which concept to forget\? "
+                       r"name it with classes=NAME\[\+NAME\] .* or keywords=WORD\[\+WORD\]"):
+      load_config(name, "init=/runs/clip,data=table:/data/mine.csv")
+    assert load_config(name, "init=/runs/clip").concept.classes == ("three",)
+    mine = load_config(name, "init=/runs/clip,data=table:/data/mine.csv,keywords=dog+puppy").concept
+    assert (mine.classes, mine.keywords) == ((), ("dog", "puppy"))
+    assert load_config(name, "init=/runs/clip,data=table:/data/mine.csv,classes=cat").concept.classes == ("cat",)
+
