@@ -257,6 +257,20 @@ def noise_for(data: str, given: float | None, embedded_default: float) -> float:
   return embedded_default if data in EMBEDDED_DATASETS else 0.0
 
 
+# model.size of a run that starts from another ncjax run (`init=WORKDIR`) and names no size: that checkpoint's size
+# and every architecture key the config leaves unset (ncjax.experiment.with_checkpoint_model, logged);
+# `model=checkpoint` asks for it by name. A pretrained init (openai:PATH, ...) replaces it with its own architecture.
+CHECKPOINT_SIZE = "checkpoint"
+
+
+def size_of(given: str | None, default: str, init: str) -> str:
+  """model.size: the size given; else the init checkpoint's (CHECKPOINT_SIZE) when the run starts from one; else
+  the config's default (a preset's)."""
+  if given is not None:
+    return given
+  return CHECKPOINT_SIZE if init and init != "random" else default   # 'random': experiment.RANDOM_INIT
+
+
 def apply_common(c, *, model: str, data: str, batch: int, epochs: int, noise: float, lr: float,
                  noise_kind: str = "caption_shuffle", weight_decay: float = 0.1, warmup_steps: int = 20,
                  init: str = ""):
@@ -542,6 +556,24 @@ CONCEPT_VARIANTS = {
 }
 
 
+# The concept AC / HAC forget when none is named: digits' 'three' (the slides' experiment); other data has other
+# classes, or none, so there the concept is asked for.
+DIGITS_CONCEPT = "three"
+
+
+def concept_classes(a, method: str) -> str:
+  """The classes to forget: `classes=` as given; on digits without a concept named, 'three'; on other data without
+  classes, keywords or subreddits, a ConfigError asking for them (a guess would forget nothing, or the wrong thing)."""
+  if a.classes is not None:
+    return a.classes
+  if a.keywords or a.subreddits:
+    return ""
+  if a.data in ("digits", "tfds:digits"):
+    return DIGITS_CONCEPT
+  raise ConfigError(f"{method} on {a.data}: which concept to forget? name it with classes=NAME[+NAME] (the data's "
+                    f"class labels) or keywords=WORD[+WORD] (the pairs whose captions hold them)")
+
+
 def concept_unlearning(c, a, *, geometry: str):
   """The settings AC / HAC and their baselines share (configs/ac.py, configs/hac.py): the starting checkpoint, the
   concept, forget/retain batches, the unlearning and retrieval evaluators. `a` holds the parsed arguments."""
@@ -550,12 +582,12 @@ def concept_unlearning(c, a, *, geometry: str):
   sphere_method, lorentz_method, train_on = CONCEPT_VARIANTS[a.variant]
   c.method.name = sphere_method if geometry == "sphere" else lorentz_method
   c.method.init_from = a.init
-  c.model.size = a.model
+  c.model.size = size_of(a.model, "tiny", a.init)
   c.model.geometry = geometry
   c.input.dataset = a.data
   c.input.global_batch_size = a.batch
   c.num_epochs = 0 if a.variant == "original" else a.epochs
-  c.concept.classes = plus_list(a.classes)
+  c.concept.classes = plus_list(concept_classes(a, c.method.name))
   c.concept.keywords = plus_list(a.keywords)
   c.concept.subreddits = plus_list(a.subreddits)
   c.concept.train_on = train_on

@@ -17,10 +17,12 @@ import logging
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 
 from ncjax import errors
 from ncjax import checkpoint as ckpt_lib
+from ncjax import config_lib
 from ncjax import data as data_lib
 from ncjax import models, pretrained, tokenizers
 from ncjax import sharding as shard_lib
@@ -46,8 +48,8 @@ RANDOM_INIT = "random"   # method.init_from: start from random weights, on purpo
 class InitSource:
   """Where a run's parameters start (`method.init_from`): nothing ('none'; `init=random` says so on purpose, for a
   method that otherwise refuses to start without a trained model), another ncjax run's latest checkpoint ('run': its
-  modules and its tokenizer), or a pretrained checkpoint ('pretrained': openai:PATH, open_clip:PATH, hf:DIR,
-  meru:PATH — it also defines the architecture, see `resolve_config`)."""
+  modules, its tokenizer and its model, see `with_checkpoint_model`), or a pretrained checkpoint ('pretrained':
+  openai:PATH, open_clip:PATH, hf:DIR, meru:PATH — it also defines the architecture, see `resolve_config`)."""
   kind: str
   spec: str = ""
 
@@ -85,6 +87,57 @@ def resolve_config(config):
     pretrained.apply_to_config(resolved, model_config)
   resolved.lock()
   return resolved
+
+
+def with_checkpoint_model(config):
+  """The config of a run that starts from another ncjax run (`method.init_from=WORKDIR`), with that checkpoint's
+  model: its size when `model.size` is 'checkpoint' (config_lib.CHECKPOINT_SIZE: no size given), and every
+  architecture key the config leaves unset (a tower field left to the size, a choice at its default), logged. A key
+  the config gives that builds another model than the checkpoint's is one ConfigurationError naming both values.
+  Other configs are returned unchanged. The result names its size: the run's checkpoints record the model built."""
+  init = InitSource.parse(config.method.init_from)
+  if init.kind != "run":
+    return config
+  saved = ckpt_lib.read_source_meta(init.spec)["config"]["model"]
+  base = config_lib.base_config().model
+  mine = config.model.to_dict()
+  given = {key for key in mine if key != "region" and mine[key] != base.get(key)}
+  if mine["size"] == config_lib.CHECKPOINT_SIZE:
+    given.discard("size")
+  given |= {f"region.{k}" for k in models.REGION_ARCHITECTURE_KEYS if mine["region"][k] != base.region[k]}
+  given.add("geometry")   # the method's own (MERU's and HAC's Lorentz model): compared, never taken
+  taken = {}
+  for key in ["size", *models.architecture_of(ml_collections.ConfigDict(saved))]:
+    if key in given:
+      continue
+    section, name = (mine["region"], key[len("region."):]) if key.startswith("region.") else (mine, key)
+    value = (saved.get("region") or {}).get(name) if key.startswith("region.") else saved.get(key)
+    if name in section and value is not None and section[name] != value:
+      taken[key] = section[name] = value
+  if mine["size"] == config_lib.CHECKPOINT_SIZE:   # a checkpoint written before its config recorded its size
+    raise errors.CheckpointError(f"the checkpoint init={init.spec} records no model size: pass model=")
+  have, want = models.architecture_of(ml_collections.ConfigDict(mine)), models.architecture_of(
+      ml_collections.ConfigDict(saved))
+  differ = [key for key in want if have.get(key) != want[key]]
+  if differ:
+    key = next((k for k in differ if k in given), None)
+    if key is None:
+      raise errors.ConfigurationError(
+          f"model.size={mine['size']!r} builds another model than the checkpoint init={init.spec} starts from, a "
+          f"{saved['size']!r} ({differ[0]} {have[differ[0]]!r} against {want[differ[0]]!r}): leave model= out to "
+          f"take the checkpoint's model")
+    fix = ("start from a checkpoint of this geometry" if key == "geometry" else
+           f"leave model.{key} out to take the checkpoint's, or start from a checkpoint of this model")
+    raise errors.ConfigurationError(f"model.{key}={have[key]!r}, but the checkpoint init={init.spec} starts from "
+                                    f"has {key}={want[key]!r}: {fix}")
+  if taken:
+    log.info("the model of the checkpoint init=%s starts from: %s", init.spec,
+             ", ".join(f"model.{key}={value!r}" for key, value in taken.items()))
+  out = config.copy_and_resolve_references()
+  with out.unlocked():
+    out.model = ml_collections.ConfigDict(mine)
+  out.lock()
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +187,10 @@ class Resolved:
 def resolve(config) -> Resolved:
   """Interpret the config once: its model spec, method class and options, and starting point."""
   config = resolve_config(config)
+  if config.model.size == config_lib.CHECKPOINT_SIZE:
+    raise errors.ConfigurationError(
+        f"model.size={config_lib.CHECKPOINT_SIZE!r} takes the model of the ncjax run init= names, and "
+        f"method.init_from={config.method.init_from!r} names none: pass model= (a size name)")
   cls = method_class(config.method.name)
   if cls.needs_forget_retain_batches and config.concept.train_on != "forget_retain":
     raise ValueError(f"method {cls.name!r} trains on batches of N retain and N forget pairs: set "
@@ -287,9 +344,7 @@ def context_from_data(resolved: Resolved, captions, vocabulary=None) -> tuple[Re
   if have >= MAX_DATA_CONTEXT:   # nothing to raise it to (CLIP's sizes): no probe at start-up
     return resolved, None
   captions = list(captions)[::max(1, len(captions) // PROFILE_CAPTIONS)]   # an even sample of a large dataset
-  probe = dataclasses.replace(resolved.tokenizer, context_length=MAX_DATA_CONTEXT + 1).build(
-      captions, vocabulary=vocabulary)
-  lengths = np.sum(probe.encode(captions) != probe.pad_id, axis=1)
+  lengths = _token_counts(resolved, captions, vocabulary)
   longest = int(lengths.max())
   if longest <= have:
     return resolved, None
@@ -301,10 +356,36 @@ def context_from_data(resolved: Resolved, captions, vocabulary=None) -> tuple[Re
   return _with_context(resolved, wanted), note
 
 
+def _token_counts(resolved: Resolved, captions, vocabulary=None) -> np.ndarray:
+  """Each caption's tokens (start and end included) under the run's tokenizer kind, counted up to
+  MAX_DATA_CONTEXT + 1."""
+  probe = dataclasses.replace(resolved.tokenizer, context_length=MAX_DATA_CONTEXT + 1).build(
+      captions, vocabulary=vocabulary)
+  return np.sum(probe.encode(captions) != probe.pad_id, axis=1)
+
+
+def context_cut_on_web(resolved: Resolved, captions) -> str | None:
+  """The warning of a web-data run whose text context cuts captions: the share of `captions` (a sample of the
+  shards) longer than the context, and the longest (None where none is cut). Web data keeps the context it is given
+  — the size's, the checkpoint's or the config's — as what it reads is too large to measure at start-up; a context
+  of CLIP's 77 is not probed (CLIP's own sizes cut there by design)."""
+  have = resolved.model.context_length
+  if have >= MAX_DATA_CONTEXT or not len(captions):
+    return None
+  lengths = _token_counts(resolved, captions)
+  cut = lengths > have
+  if not cut.any():
+    return None
+  longest = int(lengths.max())
+  return (f"model.context_length {have} cuts {float(np.mean(cut)):.1%} of {len(lengths)} captions sampled from the "
+          f"web data's first shards (the longest: {longest}{'+' if longest > MAX_DATA_CONTEXT else ''} tokens); "
+          f"--config.model.context_length=N sets it (a checkpoint's context stays its own)")
+
+
 def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = None) -> Experiment:
   """The whole experiment of a config. `saved_tokenizer`: the vocabulary of a checkpoint being resumed (else the
   init run's, else one built from the training captions)."""
-  resolved = resolve(config)
+  resolved = resolve(with_checkpoint_model(config))
   config, spec, inp = resolved.config, resolved.model, resolved.input
   mesh = shard_lib.make_mesh(config.mesh, devices)
   check_micro_batches(inp.global_batch_size, mesh.devices.size, config.optim.micro_batches)
@@ -315,12 +396,17 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
   if note:
     config, spec = resolved.config, resolved.model
     log.info("data-derived setting: %s", note)
-  main_stage_steps = None
+  main_stage_steps, web_captions = None, None
   if web_pipeline.is_web(inp.dataset):   # img2dataset output at any size: nothing N-long in memory
     train_data, tokenizer = web_pipeline.train_data(inp, resolved.noise, resolved.concept, resolved.tokenizer,
                                                     image_size=spec.image_size, mesh=mesh,
                                                     saved_tokenizer=saved_tokenizer)
     noisy = None   # the web path's noise is computed on demand (train_data.noise)
+    if spec.context_length < MAX_DATA_CONTEXT:   # (no read of the shards where nothing is probed)
+      web_captions = web_pipeline.sample_captions(train_data.datasets, PROFILE_CAPTIONS)
+      warning = context_cut_on_web(resolved, web_captions)
+      if warning:
+        log.warning("%s", warning)
   else:
     split = data_lib.load_split(inp, inp.split, spec.image_size)
     check_region_features(spec, split)
@@ -339,7 +425,9 @@ def build_experiment(config, *, devices=None, saved_tokenizer: dict | None = Non
                                       image_size=spec.image_size)
   if resolved.options.wants_data_profile():   # settings left to the data ('auto'), chosen from it once, logged
     web = web_pipeline.is_web(inp.dataset)
-    captions = web_pipeline.sample_captions(train_data.datasets, PROFILE_CAPTIONS) if web else split.captions
+    if web and web_captions is None:
+      web_captions = web_pipeline.sample_captions(train_data.datasets, PROFILE_CAPTIONS)
+    captions = web_captions if web else split.captions
     profile = caption_profile(captions, inp.global_batch_size, steps_per_epoch=train_data.steps_per_epoch)
     options, notes = resolved.options.from_data(profile)
     resolved = dataclasses.replace(resolved, options=options)

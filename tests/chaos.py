@@ -25,7 +25,7 @@ Scenarios: NCU's two stages (prompt learning, then unlearning; kills land on bot
 (per-sample state, its end-of-epoch GMM hook, warm-up then GSC loss), and GSC on 2 processes.
 
   python -m tests.chaos --trials 20            # `make chaos`: 20 trials, alternating scenarios
-  python -m tests.chaos --trials 2 --kills 2   # what `make test` runs (tests/train/test_chaos.py)
+  python -m tests.chaos --trials 2 --kills 1 --scenarios ncu_short,gsc_short   # ~ `make test`'s (test_chaos.py)
 """
 
 from __future__ import annotations
@@ -77,7 +77,14 @@ SCENARIOS = {
     "gsc": Scenario((_GSC,)),
     # the same on 2 processes x 4 devices: per-sample state split over both processes' devices
     "gsc_2proc": Scenario((_GSC,), processes=2),
+    # `make test`'s trials (tests/train/test_chaos.py), shorter: NCU to step 7 (the prompt stage's 5 steps, then 2
+    # unlearning steps: the boundary still inside the run), GSC over two epochs (its GSC epoch and two label updates)
+    "ncu_short": Scenario(("--config=configs/ncu.py:model=micro,batch=256,epochs=1,epochs_prompt=1,init=random",
+                           "--config.total_steps=7")),
+    "gsc_short": Scenario(("--config=configs/gsc.py:model=micro,batch=256,epochs=2,warmup=1",)),
 }
+# What `make chaos` alternates over (the short scenarios are the test's).
+CHAOS_SCENARIOS = ("ncu", "gsc", "gsc_2proc")
 # The faults a trial of each kind of scenario draws from (every trial starts with the first).
 FAULTS = {1: ("mid_save", "random", "after_step", "sigterm"),
           2: ("sigkill_one", "sigterm", "sigterm_late", "mid_save", "random", "after_step")}
@@ -279,7 +286,7 @@ class Trial:
     return not self.problems
 
 
-def run_trials(trials: int, kills: int, seed: int, root: str, scenarios=tuple(SCENARIOS),
+def run_trials(trials: int, kills: int, seed: int, root: str, scenarios=CHAOS_SCENARIOS,
                log=print, faults: dict | None = None) -> list[Trial]:
   """`faults`: {scenario: [fault, ...]} to run instead of drawing them (tests)."""
   rng = random.Random(seed)
@@ -319,7 +326,7 @@ def main(argv=None):
   parser.add_argument("--trials", type=int, default=20)
   parser.add_argument("--kills", type=int, default=3, help="faults per trial before the run may finish")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+  parser.add_argument("--scenarios", default=",".join(CHAOS_SCENARIOS))
   parser.add_argument("--workdir", default="", help="keep the runs here (default: a temporary directory)")
   parser.add_argument("--json", default="", help="write the trial records here")
   args = parser.parse_args(argv)

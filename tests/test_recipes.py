@@ -246,3 +246,60 @@ def test_a_text_tower_trained_from_scratch_takes_its_context_from_the_users_capt
   assert follow.model_spec.context_length == follow.config.model.context_length == 24
   assert "model.context_length 16 -> 24: the checkpoint's" in caplog.text
   assert build_experiment(make_config("clip", "model=micro,batch=8,epochs=1")).model_spec.context_length == 16
+
+
+def test_a_run_from_an_ncjax_checkpoint_takes_its_model_and_a_given_key_that_differs_is_one_line(monkeypatch, caplog):
+  """A run that starts from another ncjax run's checkpoint builds that run's model: its size when no size is given
+  and every architecture key left unset, logged; a given key that builds another model stops it with one line
+  naming both values (ncjax.experiment.with_checkpoint_model). The checkpoint here is its metadata alone."""
+  import logging
+  from helpers import make_config
+  from ncjax import checkpoint as ckpt_lib, errors
+  from ncjax.experiment import resolve, with_checkpoint_model
+  saved = make_config("clip", "model=tiny_deep", **{"model.text_depth": 3, "model.act": "gelu"}).model.to_dict()
+  monkeypatch.setattr(ckpt_lib, "read_source_meta", lambda path: dict(config=dict(model=saved), tokenizer=None))
+
+  def ncu(arg="", **overrides):
+    return with_checkpoint_model(make_config("ncu", f"init=/runs/clip,batch=64{arg}", **overrides))
+
+  with caplog.at_level(logging.INFO, logger="ncjax"):
+    spec = resolve(ncu()).model
+  assert (spec.size, spec.towers["image"]["depth"], spec.towers["text"]["depth"], spec.act) == ("tiny_deep", 4, 3,
+                                                                                                "gelu")
+  assert ("the model of the checkpoint init=/runs/clip starts from: model.size='tiny_deep', model.text_depth=3, "
+          "model.act='gelu'") in caplog.text
+  with pytest.raises(errors.ConfigurationError, match=r"^model.size='micro' builds another model than the checkpoint "
+                     r"init=/runs/clip starts from, a 'tiny_deep' \(image_depth 1 against 4\): leave model= out"):
+    ncu(",model=micro")
+  with pytest.raises(errors.ConfigurationError, match=r"^model.text_depth=2, but the checkpoint init=/runs/clip starts "
+                     r"from has text_depth=3: leave model.text_depth out to take the checkpoint's"):
+    ncu(**{"model.text_depth": 2})
+  with pytest.raises(errors.ConfigurationError, match="^model.patch_size=8, but .* has patch_size=4"):
+    ncu(**{"model.patch_size": 8})
+  with pytest.raises(errors.ConfigurationError, match="^model.geometry='lorentz', but .* has geometry='sphere': start "
+                     "from a checkpoint of this geometry"):
+    with_checkpoint_model(make_config("hac", "init=/runs/clip,batch=32"))
+  # given keys that agree with the checkpoint's model are no conflict
+  caplog.clear()
+  with caplog.at_level(logging.INFO, logger="ncjax"):
+    same = resolve(ncu(",model=tiny_deep", **{"model.text_depth": 3, "model.act": "gelu"})).model
+  assert same == spec and "the model of the checkpoint" not in caplog.text
+  # without a checkpoint to take it from, the size is the config's, and 'checkpoint' asks for one
+  assert make_config("ncu", "init=random").model.size == "micro" and make_config("ncu", "").model.size == "micro"
+  with pytest.raises(errors.ConfigurationError, match="model.size='checkpoint' takes the model of the ncjax run"):
+    resolve(make_config("clip", "model=checkpoint"))
+
+
+def test_concept_unlearning_on_a_users_data_asks_for_the_concept_instead_of_guessing_digits_three():
+  """AC / HAC forget digits' 'three' on digits (the slides' experiment); on other data, where 'three' names nothing,
+  a run without classes=, keywords= or subreddits= stops with one line asking for them."""
+  from ncjax import config_lib
+  for name in ("ac", "hac"):
+    with pytest.raises(config_lib.ConfigError, match=rf"^{name} on table:/data/mine.csv: which concept to forget\? "
+                       r"name it with classes=NAME\[\+NAME\] .* or keywords=WORD\[\+WORD\]"):
+      load_config(name, "init=/runs/clip,data=table:/data/mine.csv")
+    assert load_config(name, "init=/runs/clip").concept.classes == ("three",)
+    mine = load_config(name, "init=/runs/clip,data=table:/data/mine.csv,keywords=dog+puppy").concept
+    assert (mine.classes, mine.keywords) == ((), ("dog", "puppy"))
+    assert load_config(name, "init=/runs/clip,data=table:/data/mine.csv,classes=cat").concept.classes == ("cat",)
+

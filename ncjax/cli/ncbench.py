@@ -244,9 +244,18 @@ def write_plots(rows: list[dict], records: list[dict], workdir: str) -> list[str
         if (~data["clean"]).any() and data["clean"].any():
           curves[r["method"]] = (data["scores"], data["clean"])
     if curves:
+      clean = next(iter(curves.values()))[1]   # the cell's training pairs: the same flags for every method
       paths.append(plots.plot_roc_curves(curves, fileio.join(workdir, f"roc_noise{noise:g}.png"),
-                                         f"noise detection at {noise:.0%} noise (seed 0)"))
+                                         roc_title(noise, clean)))
   return paths
+
+
+def roc_title(noise: float, clean) -> str:
+  """The ROC plot's title: the noise its curves detect — the injected level, or, where nothing is injected and the
+  flags are the data's own (a table's clean column), the share of the training pairs the data marks noisy."""
+  if noise > 0:
+    return f"noise detection at {noise:.0%} noise (seed 0)"
+  return f"noise detection: the data's own noise, {1 - float(np.mean(clean)):.1%} of the training pairs (seed 0)"
 
 
 def run(config, workdir: str, log=print, show_table: bool = True) -> dict:

@@ -9,7 +9,8 @@ Variants, all from the same starting checkpoint (`init`: an ncjax workdir or ope
   all        f-C:   CLIP fine-tuned on all pairs
   original   O-C:   the starting model, evaluated as it is
 The concept: classes (label names, '+'-separated), keywords (caption words), subreddits (RedCaps; names or groups
-such as dogs / cats / food); eval_forget: the classes of the evaluation data scored as forgotten (default: classes).
+such as dogs / cats / food; on digits classes is three unless a concept is named, on other data one is required);
+eval_forget: the classes of the evaluation data scored as forgotten (default: classes).
 Weights: AC's best row of the slides (carried into their Table 5), alpha = gamma = 0.75, beta = 0.5,
 epsilon = 0.1 (alpha = gamma = 0.5 is HAC's best row, configs/hac.py). R-acc / F-acc use the slides' prompt
 "a picture of a [CLASS]".
@@ -19,9 +20,9 @@ from ncjax import config_lib
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, init="", variant="calibrate", classes="three", keywords="", subreddits="",
-                           eval_forget="", model="tiny", data="digits", batch=128, epochs=5, lr=2e-4, alpha=0.75,
-                           beta=0.5, gamma=0.75, epsilon=0.1)
+  a = config_lib.parse_arg(arg, init="", variant="calibrate", classes=config_lib.optional(str), keywords="",
+                           subreddits="", eval_forget="", model=config_lib.optional(str), data="digits", batch=128,
+                           epochs=5, lr=2e-4, alpha=0.75, beta=0.5, gamma=0.75, epsilon=0.1)
   c = config_lib.base_config()
   config_lib.concept_unlearning(c, a, geometry="sphere")
   return config_lib.lock(c)

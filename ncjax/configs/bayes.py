@@ -14,14 +14,14 @@ from ncjax.config_lib import optional
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, model="tiny", data="digits", noise=optional(float), batch=256, epochs=40, lr=1e-3,
-                           init="", weights="unit_prior", u_momentum=0.0, protocol="ncr", tau=0.0, per_device=False)
+  a = config_lib.parse_arg(arg, model=optional(str), data="digits", noise=optional(float), batch=256, epochs=40,
+                           lr=1e-3, init="", weights="unit_prior", u_momentum=0.0, protocol="ncr", tau=0.0,
+                           per_device=False)
   c = config_lib.base_config()
   c.method.name = "bayes"
   # protocol 'ncr': a fixed caption-shuffle index (comparable with the other rows); 'in_batch': the paper's.
-  config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs,
-                          noise=config_lib.noise_for(a.data, a.noise, 0.4), lr=a.lr,
-                          init=a.init,
+  config_lib.apply_common(c, model=config_lib.size_of(a.model, "tiny", a.init), data=a.data, batch=a.batch,
+                          epochs=a.epochs, noise=config_lib.noise_for(a.data, a.noise, 0.4), lr=a.lr, init=a.init,
                           noise_kind="caption_shuffle" if a.protocol == "ncr" else "in_batch_resample")
   c.loss.a_u, c.loss.b_u = 1.0, 0.0
   c.loss.a_pos, c.loss.b_pos = 5.0, 0.0

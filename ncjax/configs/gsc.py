@@ -84,8 +84,8 @@ def get_config(arg=None):
   c.method.co_teaching = a.coteach
   c.method.beta = 0.7
   c.method.warmup_epochs = a.warmup if a.warmup is not None else a.epochs // 2
-  config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs,
-                          noise=config_lib.noise_for(a.data, a.noise, 0.4), lr=a.lr,
+  config_lib.apply_common(c, model=config_lib.size_of(args.model, a.model, a.init), data=a.data, batch=a.batch,
+                          epochs=a.epochs, noise=config_lib.noise_for(a.data, a.noise, 0.4), lr=a.lr,
                           weight_decay=a.weight_decay, warmup_steps=a.warmup_steps, init=a.init)
   c.optim.name = a.optimizer
   c.optim.grad_clip_norm = a.grad_clip

@@ -18,10 +18,10 @@ from ncjax.configs import meru as meru_config
 
 
 def get_config(arg=None):
-  a = config_lib.parse_arg(arg, init="", variant="calibrate", classes="three", keywords="", subreddits="",
-                           eval_forget="", model="tiny", data="digits", batch=128, epochs=5, lr=2e-4, alpha=0.5,
-                           beta=0.5, gamma=0.5, epsilon=0.1, omega_r=0.2, omega_f=1.0, lam=0.5, f_ent_on="forget",
-                           norm_reg="toward_origin", entail_weight=0.2, towers="clip")
+  a = config_lib.parse_arg(arg, init="", variant="calibrate", classes=config_lib.optional(str), keywords="",
+                           subreddits="", eval_forget="", model=config_lib.optional(str), data="digits", batch=128,
+                           epochs=5, lr=2e-4, alpha=0.5, beta=0.5, gamma=0.5, epsilon=0.1, omega_r=0.2, omega_f=1.0,
+                           lam=0.5, f_ent_on="forget", norm_reg="toward_origin", entail_weight=0.2, towers="clip")
   c = config_lib.base_config()
   config_lib.concept_unlearning(c, a, geometry="lorentz")
   c.loss.omega_r, c.loss.omega_f, c.loss.lam = a.omega_r, a.omega_f, a.lam

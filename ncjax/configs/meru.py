@@ -42,8 +42,8 @@ def get_config(arg=None):
   a = config_lib.with_preset(args, PRESETS, args.setting)
   c = config_lib.base_config()
   c.method.name = "meru"
-  config_lib.apply_common(c, model=a.model, data=a.data, batch=a.batch, epochs=a.epochs, noise=a.noise, lr=a.lr,
-                          weight_decay=0.2, warmup_steps=a.warmup, init=a.init)
+  config_lib.apply_common(c, model=config_lib.size_of(args.model, a.model, a.init), data=a.data, batch=a.batch,
+                          epochs=a.epochs, noise=a.noise, lr=a.lr, weight_decay=0.2, warmup_steps=a.warmup, init=a.init)
   c.model.geometry = "lorentz"
   c.model.curv_init = 1.0
   if a.towers not in TOWERS:

@@ -13,9 +13,9 @@ public script's rates and schedule:
   python -m ncjax.main --config=configs/ncu.py:data=tfds:web_pairs/custom_table,init=/runs/clip_mine \
       --config.input.data_dir=/data/tfds --workdir=/runs/ncu_mine
 Arguments: setting (a preset: paper | digits | scenes | data; default: the embedded data's own preset, 'data' on any
-other data), method (ncu | ncu_ga), model, data, init (an ncjax CLIP workdir, or
-openai:PATH / open_clip:PATH / hf:DIR), batch, noise, epochs (the unlearning stage's: every method's `epochs` is its
-main stage's), epochs_prompt (the prompt stage before it), ratio (the per-batch forget fraction P), forget_from
+other data), method (ncu | ncu_ga), model (default: the init checkpoint's), data, init (an ncjax CLIP workdir,
+or openai:PATH / open_clip:PATH / hf:DIR), batch, noise, epochs (the unlearning stage's: every method's `epochs` is
+its main stage's), epochs_prompt (the prompt stage before it), ratio (the per-batch forget fraction P), forget_from
 (batch | scores), forget_scores, forget_threshold. An argument left out takes the preset's value.
 
 Composition: the forget set from another method's per-sample clean scores instead of the current model's softmax
@@ -99,7 +99,7 @@ def get_config(arg=None):
   c = config_lib.base_config()
   c.method.name = a.method
   c.method.init_from = a.init
-  c.model.size = a.model
+  c.model.size = config_lib.size_of(args.model, a.model, a.init)
   c.input.dataset = a.data
   c.input.global_batch_size = a.batch
   noise = config_lib.noise_for(a.data, args.noise, a.noise)   # the preset's noise on digits, else 0 unless given

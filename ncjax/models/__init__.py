@@ -156,6 +156,27 @@ class ModelSpec:
     return clamp_stored(params, geometry=self.geometry, curv_init=self.curv_init)
 
 
+# The keys of config.model besides the towers' fields that change a model's parameters or its function (dtype,
+# remat, attention and the initial values of stored scalars do not); the region keys likewise for region models.
+ARCHITECTURE_KEYS = ("image_type", "text_type", "pool", "ln_pre", "patch_bias", "ln_eps", "act", "text_pool",
+                     "text_causal", "posemb", "proj_bias", "geometry")
+REGION_ARCHITECTURE_KEYS = ("feature_dim", "word_dim", "sim_dim", "head", "steps")
+
+
+def architecture_of(cfg) -> dict:
+  """The architecture a config.model section builds, by config key ('text_depth', 'act', 'region.head', ...), every
+  value effective (a named size's fields resolved; the tokenizer's kind, 'auto' resolved): two sections build the
+  same model where these agree."""
+  spec = ModelSpec.from_config(cfg)
+  out = {key: spec.towers[tower].get(field) for key, (tower, field) in _OVERRIDES.items()}
+  out["embed_dim"] = spec.towers["embed_dim"]
+  out.update({key: getattr(spec, key) for key in ARCHITECTURE_KEYS})
+  out["tokenizer"] = spec.tokenizer_kind
+  if spec.region is not None:
+    out.update({f"region.{key}": spec.region[key] for key in REGION_ARCHITECTURE_KEYS})
+  return out
+
+
 def build_two_tower(spec: ModelSpec, *, vocab_size: int | None, eot_id: int, pad_id: int = 0,
                     seed: int = 0, micro_batches: int = 1) -> TwoTower:
   """Instantiate a TwoTower from a ModelSpec (call under `nnx.eval_shape` for abstract shapes). `micro_batches`:

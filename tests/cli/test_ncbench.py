@@ -47,6 +47,14 @@ def test_roc_curve_area_equals_the_evaluators_auc():
   assert np.trapezoid(tpr, fpr) == pytest.approx(noise_eval.roc_auc(scores, clean), abs=1e-9)
 
 
+def test_the_roc_title_states_the_noise_its_curves_detect():
+  """Injected noise: its level. Nothing injected (a user's data, flags from its clean column): the data's own share
+  of noisy training pairs, never '0% noise'."""
+  clean = np.arange(200) % 8 != 0                              # 25 of 200 pairs marked noisy by the data
+  assert ncbench.roc_title(0.4, clean) == "noise detection at 40% noise (seed 0)"
+  assert ncbench.roc_title(0.0, clean) == "noise detection: the data's own noise, 12.5% of the training pairs (seed 0)"
+
+
 @pytest.mark.slow
 def test_sweep_on_digits_writes_table_curves_and_skips_finished_cells(tmp_path):
   cfg = load_config("ncbench", "methods=clip+gsc,noise=0.2+0.4,seeds=1,epochs=1,batch=128")

@@ -312,6 +312,28 @@ def test_a_word_vocabulary_over_web_data_is_capped(web20k):
   assert web_pipeline.parse_weights("1::2.5", 2, (10, 20)) == (1.0, 2.5)
 
 
+def test_a_web_run_whose_context_cuts_captions_says_what_share_it_cuts(web20k, caplog):
+  """Web data keeps the context it is given; a context that cuts captions is a warning with the share cut, measured
+  on the captions of the first shards (here all 20k: 10-18 words, 12-20 tokens with start and end)."""
+  import logging
+  from helpers import make_config
+  from ncjax.experiment import build_experiment
+  from ncjax.tokenizers.word import split_words
+  counts = np.asarray(web20k["info"]["counts"])
+  caps = [c for start, n in zip(np.cumsum(counts) - counts, counts) for c in web_synthetic.captions(int(start), int(n))]
+  tokens = np.asarray([len(split_words(c)) + 2 for c in caps])
+  with caplog.at_level(logging.WARNING, logger="ncjax"):
+    exp = build_experiment(make_config("clip", f"data=web:{web20k['root']},batch=64"))
+  assert exp.tokenizer.context_length == 16                      # micro's, kept
+  assert (f"model.context_length 16 cuts {np.mean(tokens > 16):.1%} of {N} captions sampled from the web data's "
+          f"first shards (the longest: {tokens.max()} tokens)") in caplog.text
+  assert 0 < np.mean(tokens > 16) < 1
+  caplog.clear()
+  with caplog.at_level(logging.WARNING, logger="ncjax"):
+    build_experiment(make_config("clip", f"data=web:{web20k['root']},batch=64", **{"model.context_length": 24}))
+  assert "cuts" not in caplog.text
+
+
 def test_the_simplejpeg_decoder_crops_as_pil_does():
   import simplejpeg   # a test dependency (setup.cfg): a missing one fails, never skips
   assert simplejpeg

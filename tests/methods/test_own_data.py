@@ -54,7 +54,7 @@ def _check_noise_detection(run, step, method, metrics):
   assert metrics["noise_detection/auc"] == pytest.approx(roc_auc_score(clean, scores), abs=1e-6)
 
 
-def test_own_labelled_table_from_build_to_an_evaluated_comparison(tmp_path):
+def test_own_labelled_table_from_build_to_an_evaluated_comparison(tmp_path, monkeypatch):
   fx.write_labelled_table(str(tmp_path / "pairs"), n=36)
   build = [sys.executable, "-m", "ncjax.data.build", "--dataset=web_pairs/custom_table",
            f"--manual_dir={tmp_path / 'pairs'}", f"--data_dir={tmp_path / 'tfds'}", "--table=pairs.csv",
@@ -75,8 +75,17 @@ def test_own_labelled_table_from_build_to_an_evaluated_comparison(tmp_path):
   with bench.unlocked():
     bench.bench.data_dir = str(tmp_path / "tfds")
     bench.bench.model = TEST_MODEL
+  from ncjax.evals import plots
+  titles, roc = [], plots.plot_roc_curves
+  monkeypatch.setattr(plots, "plot_roc_curves", lambda curves, path, title="": titles.append(title) or roc(
+      curves, path, title))
   out = ncbench.run(bench, str(tmp_path / "bench"), log=lambda *_: None)
   assert [r["method"] for r in out["records"]] == ["clip", "gsc"]
+  # the ROC plot names the table's own noise (the share its clean column marks noisy), not the 0% injected
+  flags = np.load(tmp_path / "bench" / "runs" / "clip_noise0_seed0" / "eval" /
+                  f"step_{out['records'][0]['steps_per_epoch']}_clean_scores.npz")["clean"]
+  assert titles == [f"noise detection: the data's own noise, {1 - flags.mean():.1%} of the training pairs (seed 0)"]
+  assert 0 < 1 - flags.mean() < 1
   for r in out["records"]:
     m = r["metrics"]
     run = tmp_path / "bench" / "runs" / f"{r['method']}_noise0_seed0"

@@ -15,9 +15,10 @@ import chaos  # noqa: E402  (tests/chaos.py)
 def test_sigkilled_and_preempted_runs_resume_bitwise(tmp_path):
   lines = []
   trials = chaos.run_trials(trials=2, kills=1, seed=1, root=str(tmp_path), log=lines.append,
-                            scenarios=("ncu", "gsc"), faults={"ncu": ["mid_save"], "gsc": ["sigterm"]})
+                            scenarios=("ncu_short", "gsc_short"),
+                            faults={"ncu_short": ["mid_save"], "gsc_short": ["sigterm"]})
   report = "\n".join(lines)
-  assert [t.scenario for t in trials] == ["ncu", "gsc"], report
+  assert [t.scenario for t in trials] == ["ncu_short", "gsc_short"], report
   assert all(t.ok for t in trials), report
   kills = [k for t in trials for k in t.kills]
   assert [k.how for k in kills] == ["mid_save", "sigterm"], f"a run finished before its fault:\n{report}"

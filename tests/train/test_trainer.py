@@ -55,9 +55,14 @@ def test_batch_not_divisible_by_devices_is_a_clear_error(tmp_path):
 
 
 def test_non_finite_loss_names_step_and_batch_ids(tmp_path):
+  """The run stops with the step, the fix and the batch's ids, as the kind of error the CLI reports in one line
+  with exit status 8 (ncjax.errors; tests/cli/test_errors.py checks that one line for every kind)."""
+  from ncjax import errors
   cfg = tiny_clip_config(total_steps=4, **{"optim.lr": 1e30, "optim.grad_clip_norm": 0.0, "optim.warmup_steps": 0})
-  with pytest.raises(FloatingPointError, match=r"non-finite loss at step \d+ .*global batch, example ids"):
+  with pytest.raises(errors.DivergedError, match=r"^non-finite loss at step \d+ .*lower the learning rate \(optim.lr\) "
+                     r"or look at the pairs of that global batch, example ids") as raised:
     train.train(cfg, str(tmp_path))
+  assert errors.status_of(raised.value) == 8
 
 
 def test_freeze_regex_keeps_parameters_fixed(tmp_path):
