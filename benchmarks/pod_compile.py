@@ -568,6 +568,14 @@ LATE = [("ncu_vit_b16", "v5e256", "fsdp", False), ("ncu_vit_b16", "v5p128", "fsd
         ("gsc_vit_b16", "v5e256", "fsdp", False), ("gsc_vit_b16", "v5p128", "fsdp", False)]
 
 
+def not_compiled(results: dict) -> list[str]:
+  """The note's planned rows and searches (MAIN, COMPARE, SEARCH) that `results` has no record of."""
+  names = [config_name(m, s, mesh, remat=remat) for m, s, mesh, remat in MAIN]
+  names += [config_name(m, s, mesh, remat=remat, variant=v) for m, s, mesh, remat, v in COMPARE]
+  names += [f"{m}_{s}_data_max_batch" for m, s in SEARCH]
+  return [n for n in names if n not in results]
+
+
 def upgrade(results: dict) -> dict:
   """Records written by an earlier version of this file, brought up to this one's readings without compiling:
   loop bodies counted per iteration, the model FLOPs beside the analytic count."""
@@ -691,7 +699,7 @@ def main(argv=None):
       json.dump(results, f, indent=1)
     os.replace(tmp, args.json)
     with open(args.note, "w") as f:
-      f.write(pod_report.markdown(results, versions=_versions()))
+      f.write(pod_report.markdown(results, versions=_versions(), missing=not_compiled(results)))
     return 0
   from ncjax import runtime
   runtime.configure_cpu_devices(8)    # the cpu8 slice (--quick without libtpu); TPU topologies need no devices
@@ -701,7 +709,7 @@ def main(argv=None):
   if args.note:
     from benchmarks import pod_report
     with open(args.note, "w") as f:
-      f.write(pod_report.markdown(results, versions=_versions()))
+      f.write(pod_report.markdown(results, versions=_versions(), missing=not_compiled(results)))
   print(f"[pod_compile] {len(results)} records in {args.json}")
   return 0
 

@@ -125,7 +125,8 @@ def _row(r: dict) -> str:
           f"{r['compile_seconds']:.0f} |")
 
 
-def markdown(results: dict, *, versions: str = "") -> str:
+def markdown(results: dict, *, versions: str = "", missing=()) -> str:
+  """The note. `missing`: planned rows and searches with no record (named in the note, never dropped silently)."""
   rows = _main_records(results)
   out = ["# A TPU pod's train step, compiled here for its chips (never run)\n",
          f"`python -m benchmarks.pod_compile --note=docs/notes/pod_compile_tpu.md` with libtpu "
@@ -156,6 +157,10 @@ def markdown(results: dict, *, versions: str = "") -> str:
          "(resident) / ICI | MFU: compute-bound / HBM (XLA) / HBM (resident) | compile s |",
          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   out += [_row(r) for r in rows]
+  if missing:
+    out.append(f"\n**Not compiled in this run** ({len(missing)}: each compile takes 3-10 minutes of this machine's two "
+               f"cores): " + ", ".join(f"`{n}`" for n in missing) + ". Their rows from the previous run, with the "
+               "attention then in use (einsum), are in docs/notes/pod_compile_tpu_2026-11-26.md.")
   misses = []
   for r in rows:
     if "flops_compiled" not in r:
@@ -180,8 +185,8 @@ def markdown(results: dict, *, versions: str = "") -> str:
     out += ["\n## The largest per-chip batch (data-parallel)\n",
             "As written: the largest multiple of 8 the compiler accepts without adding FLOPs (no more per pair than "
             "at the smallest batch it accepts, +2%). Past it the TPU compiler still accepts larger batches by "
-            "rematerialising on its own — ViT-B/16 on v5e: 1.006x the analytic FLOPs at 128 pairs per chip, 1.15x "
-            "from 216 — and refuses beyond the last column's batch. Searched by compiling: anchors at 128, 512 "
+            "rematerialising on its own (the FLOPs column: compiled against analytic at the largest batch it accepted) "
+            "and refuses beyond the last column's batch. Searched by compiling: anchors at 128, 512 "
             "and 1,024 pairs per chip, then bisection from where the temporaries' fitted curve meets the HBM.\n",
             "| step | slice | as written: largest (first not) | largest compiled, with the compiler's recompute "
             "(FLOPs; refused at) | remat, as written: largest (first not) | remat, largest compiled (FLOPs; refused "
