@@ -267,8 +267,8 @@ def local_pin(pin: str) -> tuple:
 
 def check_descriptor(path: str, fd: int, pin: tuple) -> None:
   """Raise ShardChanged when the open file `fd` is no longer the file `pin` (local_pin) describes: written in place,
-  truncated or replaced (`cp` over it keeps the inode, not the modification time). One fstat (~30 µs a read with its Python on a 2-core VM:
-  docs/notes/web_store_cpu.md)."""
+  truncated or replaced (`cp` over it keeps the inode, not the modification time). One fstat: ~30 µs a read with
+  its Python on a 2-core VM (docs/notes/web_store_cpu.md)."""
   st = os.fstat(fd)
   if (st.st_size, st.st_mtime_ns, st.st_ino if pin[2] else 0) != pin:
     raise _pin_changed(path, ":".join(map(str, pin if pin[2] else pin[:2])), _stat_info(path, st).pin)
