@@ -202,6 +202,12 @@ MAX_MODULE_LINES = 650   # a newcomer's screenful of screens: a module beyond it
 
 
 def test_every_module_fits_the_house_limit():
-  long = {name: n for name, path in _modules().items()
+  """The package's modules, the benchmarks' and the tests' alike."""
+  paths = dict(_modules())
+  for top in ("benchmarks", "tests", "launch"):
+    for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
+      paths.update({os.path.relpath(os.path.join(dirpath, f), ROOT): os.path.join(dirpath, f)
+                    for f in files if f.endswith(".py")})
+  long = {name: n for name, path in paths.items()
           if (n := sum(1 for _ in open(path, encoding="utf-8"))) > MAX_MODULE_LINES}
   assert not long, f"modules over {MAX_MODULE_LINES} lines (split them along their parts): {long}"
