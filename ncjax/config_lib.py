@@ -60,14 +60,17 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
   return out
 
 
+def parse_bool(raw: str) -> bool | None:
+  """A command-line boolean (1/true/yes/on, 0/false/no/off, any case); None when `raw` is neither."""
+  low = raw.lower()
+  return True if low in ("1", "true", "yes", "on") else False if low in ("0", "false", "no", "off") else None
+
+
 def _parse_value(key: str, raw: str, value_type: type):
   if value_type is bool:
-    low = raw.lower()
-    if low in ("1", "true", "yes", "on"):
-      return True
-    if low in ("0", "false", "no", "off"):
-      return False
-    raise ValueError(f"config argument {key!r} expects a boolean, got {raw!r}")
+    if (flag := parse_bool(raw)) is None:
+      raise ValueError(f"config argument {key!r} expects a boolean, got {raw!r}")
+    return flag
   if value_type in (int, float, str):
     try:
       return value_type(raw)

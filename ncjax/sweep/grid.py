@@ -98,12 +98,9 @@ def parse_value(key: str, raw: str, kind: type | None):
     return SweepError(f"--sweep={key}=...: value {raw!r} is not {expected}, the type of the config's "
                       f"{key} (e.g. {key}={_example(kind)})")
   if kind is bool:
-    low = raw.lower()
-    if low in ("1", "true", "yes", "on"):
-      return True
-    if low in ("0", "false", "no", "off"):
-      return False
-    raise bad("a boolean")
+    if (flag := config_lib.parse_bool(raw)) is None:
+      raise bad("a boolean")
+    return flag
   if kind in (int, float):
     try:
       return kind(raw) if kind is float else int(raw, 0)
