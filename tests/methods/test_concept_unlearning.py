@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 import jax
+import jax.numpy as jnp
 import pytest
 
 import recompute
@@ -81,31 +82,35 @@ def _set_params(params, values: dict):
   return params
 
 
-@pytest.mark.parametrize("side", ["above", "below"])
-def test_meru_training_step_clamps_curvature_alphas_and_logit_scale_from_past_their_bounds(start_models, side,
-                                                                                            tmp_path):
+def test_meru_training_step_clamps_curvature_alphas_and_logit_scale_from_past_their_bounds(start_models):
   """One training step from stored scalars set past MERU's bounds ends with each exactly on its bound: curvature
   in [c0/10, 10 c0] (c0 = 1, stored as logs), alphas <= 0, logit scale <= ln 100 (MERU's and open_clip's clamps
-  on the stored parameters; a step of Adam at lr ~1e-4 moves a scalar by ~1e-4, far less than the 1.0 past)."""
-  trainer = train.Trainer(make_config("meru", "batch=64,epochs=1", total_steps=1), str(tmp_path))
-  span = trainer.spans[0]
-  state = trainer.init_state(span)
-  past = 1.0 if side == "above" else -1.0
-  start = {"model/geometry/curv": (np.log(10.0) if side == "above" else np.log(0.1)) + past,
-           "model/geometry/visual_alpha": 0.5, "model/geometry/textual_alpha": 0.5 if side == "above" else -3.0,
-           "model/logit_scale": np.log(100.0) + 1.0 if side == "above" else 1.0}
-  state["params"] = _set_params(state["params"], start)
-  batch, _ = trainer.exp.train_data.global_batch(0)
-  new, metrics = trainer.program(span).step(state, batch)
-  assert np.isfinite(float(metrics["loss"]))
-  geo = jax.device_get(new["params"]["model"]["geometry"])
-  scale = float(jax.device_get(new["params"]["model"]["logit_scale"]))
-  assert float(geo["curv"]) == pytest.approx(np.log(10.0) if side == "above" else np.log(0.1), abs=1e-6)
-  assert float(geo["visual_alpha"]) == 0.0
-  if side == "above":
-    assert float(geo["textual_alpha"]) == 0.0 and scale == pytest.approx(np.log(100.0), abs=1e-6)
-  else:   # inside their ranges: the step moves them only slightly, no clamp
-    assert float(geo["textual_alpha"]) == pytest.approx(-3.0, abs=1e-2) and scale == pytest.approx(1.0, abs=1e-2)
+  on the stored parameters; a step of Adam at lr ~1e-4 moves a scalar by ~1e-4, far less than the 1.0 past).
+  Both sides through the start model's own compiled step: its last state, at step 0, with the scalars replaced."""
+  meru = start_models[2]
+  (span,) = meru.trainer.spans
+  program = meru.trainer.program(span)
+  batch, _ = meru.experiment.train_data.global_batch(0)
+  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))   # a step donates its input state
+  for side in ("above", "below"):
+    state = copy(meru.state)
+    state["step"] = jax.device_put(np.int32(0), state["step"].sharding)
+    past = 1.0 if side == "above" else -1.0
+    start = {"model/geometry/curv": (np.log(10.0) if side == "above" else np.log(0.1)) + past,
+             "model/geometry/visual_alpha": 0.5, "model/geometry/textual_alpha": 0.5 if side == "above" else -3.0,
+             "model/logit_scale": np.log(100.0) + 1.0 if side == "above" else 1.0}
+    state["params"] = _set_params(state["params"], start)
+    with jax.set_mesh(meru.experiment.mesh):   # as the loop calls it: the traced step is reused
+      new, metrics = program.step(state, batch)
+    assert np.isfinite(float(metrics["loss"])), side
+    geo = jax.device_get(new["params"]["model"]["geometry"])
+    scale = float(jax.device_get(new["params"]["model"]["logit_scale"]))
+    assert float(geo["curv"]) == pytest.approx(np.log(10.0) if side == "above" else np.log(0.1), abs=1e-6), side
+    assert float(geo["visual_alpha"]) == 0.0, side
+    if side == "above":
+      assert float(geo["textual_alpha"]) == 0.0 and scale == pytest.approx(np.log(100.0), abs=1e-6)
+    else:   # inside their ranges: the step moves them only slightly, no clamp
+      assert float(geo["textual_alpha"]) == pytest.approx(-3.0, abs=1e-2) and scale == pytest.approx(1.0, abs=1e-2)
 
 
 @pytest.mark.parametrize("config_name,start", [("ac", 0), ("hac", 1)])

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import jax
+import jax.numpy as jnp
 import pytest
 
 from helpers import leaves as _leaves, make_config, tiny_clip_config
@@ -25,28 +26,6 @@ TWO_TEXT_BLOCKS = {"model.text_depth": 2}
 def ncu_config(init, **kw):
   return make_config("ncu", f"init={init},batch=64,epochs=1,epochs_prompt=1",
                      **{**TWO_TEXT_BLOCKS, "method.frozen_text_blocks": 1, **kw})
-
-
-def test_ncu_stages_train_and_freeze_the_right_groups(clip_run, tmp_path):
-  cfg = ncu_config(clip_run)
-  trainer = train.Trainer(cfg, str(tmp_path))
-  spe = trainer.exp.steps_per_epoch
-  init = _leaves(trainer.init_params())
-  clip_params = _leaves(ckpt_lib.restore_params(clip_run)[0])
-  for k, v in clip_params.items():   # the model starts from the CLIP checkpoint
-    np.testing.assert_array_equal(init[k], v)
-  after_prompt = _leaves(trainer.run(until=spe).params)
-  changed = {k for k in init if not np.array_equal(init[k], after_prompt[k])}
-  assert "prompt/ctx" in changed
-  assert not {k for k in changed if k.startswith("model/img/")}           # image tower frozen in stage 1
-  assert any(k.startswith("model/txt/") for k in changed)                 # text tower trains (public code)
-  done = _leaves(train.train(cfg, str(tmp_path)).params)                  # resumes into stage 2
-  changed2 = {k for k in done if not np.array_equal(after_prompt[k], done[k])}
-  assert "prompt/ctx" not in changed2
-  assert not {k for k in changed2 if k.startswith(("model/txt/transformer/block_0/", "model/txt/pos_embedding"))}
-  assert any(k.startswith("model/txt/transformer/block_1/") for k in changed2)
-  assert any(k.startswith("model/img/") for k in changed2)
-  assert 0.0 <= float(done["model/logit_scale"]) <= math.log(100) + 1e-6
 
 
 def test_on_a_users_data_the_prompt_stage_covers_its_minimum_steps_and_frozen_blocks_scale_with_depth(clip_run,
@@ -72,26 +51,54 @@ def test_on_a_users_data_the_prompt_stage_covers_its_minimum_steps_and_frozen_bl
   assert long_enough.from_data(DataProfile(0.0, 10, 2048, steps_per_epoch=1400))[0].epochs_prompt == 2   # CC3M
 
 
-def test_ncu_steps_on_8_devices_equal_steps_on_1_across_both_stages(clip_run, tmp_path, devices):
-  """The prompt epoch (22 steps of 64 on digits), then 4 steps of the unlearning stage (masked OT over the global
-  batch; no warm-up, so that the stage moves the weights well past the tolerance: until 2026-11-25 its 5-step
-  warm-up left a change about the size of the tolerance):
-  parameters, per-sample state and the last step's metrics — computed on parameters the unlearning has already
-  changed — on 8 devices equal those on 1."""
-  spe = 1438 // 64
-  cfg = ncu_config(clip_run, total_steps=spe + 4, **{"optim.warmup_steps": 0})
-  eight = train.train(cfg, str(tmp_path / "8"))
-  one = train.train(cfg, str(tmp_path / "1"), devices=devices[:1])
-  assert eight.experiment.steps_per_epoch == spe
+# The prompt epoch (22 steps of 64 on digits), then 4 steps of the unlearning stage (masked OT over the global batch;
+# no warm-up, so that the stage moves the weights well past the tolerance: until 2026-11-25 its 5-step warm-up left a
+# change about the size of the tolerance).
+STEPS_PER_EPOCH = 1438 // 64
+
+
+def two_stage_config(clip_run):
+  return ncu_config(clip_run, total_steps=STEPS_PER_EPOCH + 4, **{"optim.warmup_steps": 0})
+
+
+def test_ncu_stages_train_and_freeze_the_right_groups_and_8_devices_equal_1_across_both_stages(clip_run, tmp_path,
+                                                                                              devices):
+  """One two-stage run on 8 devices, stopped at the stage boundary and resumed into the unlearning stage: each stage
+  trains exactly its groups. Then the same steps on 1 device, uninterrupted: parameters, per-sample state and the
+  last step's metrics — computed on parameters the unlearning has already changed — equal those on 8. Last, the
+  stages' logit-scale clamps, through the 8-device run's compiled steps."""
+  cfg = two_stage_config(clip_run)
+  trainer = train.Trainer(cfg, str(tmp_path / "8"))
+  assert trainer.exp.steps_per_epoch == STEPS_PER_EPOCH
+  init = _leaves(trainer.init_params())
+  start = _leaves(ckpt_lib.restore_params(clip_run)[0])
+  for k, v in start.items():   # the model starts from the CLIP checkpoint
+    np.testing.assert_array_equal(init[k], v)
+  at_boundary = trainer.run(until=STEPS_PER_EPOCH)
+  after_prompt = _leaves(at_boundary.params)
+  changed = {k for k in init if not np.array_equal(init[k], after_prompt[k])}
+  assert "prompt/ctx" in changed
+  assert not {k for k in changed if k.startswith("model/img/")}           # image tower frozen in stage 1
+  assert any(k.startswith("model/txt/") for k in changed)                 # text tower trains (public code)
+
+  eight = train.train(cfg, str(tmp_path / "8"))                           # resumes into stage 2
   meta = ckpt_lib.read_source_meta(str(tmp_path / "8"))
   assert meta["stage"] == "unlearn" and "sinkhorn_iterations_img" in eight.metrics   # the masked-OT stage ran
-  a, b = _leaves(eight.params), _leaves(one.params)
+  done = _leaves(eight.params)
+  changed2 = {k for k in done if not np.array_equal(after_prompt[k], done[k])}
+  assert "prompt/ctx" not in changed2
+  assert not {k for k in changed2 if k.startswith(("model/txt/transformer/block_0/", "model/txt/pos_embedding"))}
+  assert any(k.startswith("model/txt/transformer/block_1/") for k in changed2)
+  assert any(k.startswith("model/img/") for k in changed2)
+  assert 0.0 <= float(done["model/logit_scale"]) <= math.log(100) + 1e-6
   # the image tower is frozen in the prompt stage: its change from the CLIP start is the unlearning stage's alone
-  start = _leaves(ckpt_lib.restore_params(clip_run)[0])
-  moved = max(float(np.max(np.abs(a[k] - start[k]))) for k in a if k.startswith("model/img/"))
+  moved = max(float(np.max(np.abs(done[k] - start[k]))) for k in done if k.startswith("model/img/"))
   assert moved > 10 * 5e-5, moved
-  for k in a:
-    np.testing.assert_allclose(a[k], b[k], atol=5e-5, err_msg=k)
+
+  one = train.train(cfg, str(tmp_path / "1"), devices=devices[:1])
+  ones = _leaves(one.params)
+  for k in done:
+    np.testing.assert_allclose(done[k], ones[k], atol=5e-5, err_msg=k)
   n = eight.experiment.train_data.num_examples   # per-example state is padded to the device count
   for key, x in _leaves(eight.state["method_state"]).items():
     np.testing.assert_allclose(np.asarray(x, np.float32)[:n], np.asarray(_leaves(one.state["method_state"])[key],
@@ -99,28 +106,30 @@ def test_ncu_steps_on_8_devices_equal_steps_on_1_across_both_stages(clip_run, tm
   for key in ("loss", "loss_img", "loss_txt"):
     assert eight.metrics[key] == pytest.approx(one.metrics[key], abs=5e-5), key
 
-
-@pytest.mark.parametrize("stored", [math.log(100) + 1.0, -1.0])
-def test_unlearning_step_clamps_the_stored_logit_scale_into_0_ln100_and_the_prompt_step_does_not(clip_run, stored,
-                                                                                                 tmp_path):
-  """The public code clamps logit_scale to [0, ln 100] after every unlearning step, not in the prompt stage
-  (methods.md §1.1): from a stored value 1.0 past either bound, one unlearning step ends exactly on the bound; one
-  prompt step leaves a value below 0 where it was (to the step's own small change; above ln 100 every two-tower
-  method clamps, open_clip's rule)."""
-  trainer = train.Trainer(ncu_config(clip_run), str(tmp_path))
-  prompt_span, unlearn_span = trainer.spans
-  for span in (unlearn_span, prompt_span):
-    state = trainer.init_state(span)
-    logit_scale = state["params"]["model"]["logit_scale"]
-    state["params"]["model"]["logit_scale"] = jax.device_put(np.float32(stored), logit_scale.sharding)
-    batch, _ = trainer.exp.train_data.global_batch(span.start)
-    new, metrics = trainer.program(span).step(state, batch)
-    after = float(jax.device_get(new["params"]["model"]["logit_scale"]))
-    assert np.isfinite(float(metrics["loss"]))
-    if span is unlearn_span or stored > 0:
-      assert after == pytest.approx(min(max(stored, 0.0), math.log(100)), abs=1e-6), span.stage.name
-    else:
-      assert after == pytest.approx(stored, abs=1e-2) and after < -0.9, span.stage.name
+  # The public code clamps logit_scale to [0, ln 100] after every unlearning step, not in the prompt stage
+  # (methods.md §1.1): from a stored value 1.0 past either bound, one unlearning step ends exactly on the bound; one
+  # prompt step leaves a value below 0 where it was (to the step's own small change; above ln 100 every two-tower
+  # method clamps, open_clip's rule). Stepped by the runs' own compiled programs: the prompt stage's from the state
+  # at the boundary, the unlearning stage's from the state at the end.
+  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))   # a step donates its input state
+  for name, result in (("prompt", at_boundary), ("unlearn", eight)):
+    program = result.trainer.program(train.span_at(result.trainer.spans, int(result.state["step"]) - 1))
+    span = program.span
+    assert span.stage.name == name
+    batch, _ = result.experiment.train_data.global_batch(span.start)
+    for stored in (math.log(100) + 1.0, -1.0):
+      state = copy(result.state)
+      state["step"] = jax.device_put(np.int32(span.start), state["step"].sharding)   # the stage's first step
+      logit_scale = state["params"]["model"]["logit_scale"]
+      state["params"]["model"]["logit_scale"] = jax.device_put(np.float32(stored), logit_scale.sharding)
+      with jax.set_mesh(result.experiment.mesh):   # as the loop calls it: the traced step is reused
+        new, metrics = program.step(state, batch)
+      after = float(jax.device_get(new["params"]["model"]["logit_scale"]))
+      assert np.isfinite(float(metrics["loss"]))
+      if name == "unlearn" or stored > 0:
+        assert after == pytest.approx(min(max(stored, 0.0), math.log(100)), abs=1e-6), (name, stored)
+      else:
+        assert after == pytest.approx(stored, abs=1e-2) and after < -0.9, (name, stored)
 
 
 def test_gradient_ascent_baseline_runs_and_records_forget_sets(clip_run, tmp_path):
