@@ -81,3 +81,18 @@ def changed(before, after) -> list[bool]:
   import jax
   import numpy as np
   return [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after))]
+
+
+def stopped_at(workdir, step: int, dest) -> str:
+  """A copy of a finished run's workdir holding only its checkpoints up to `step` (the run saved there with
+  `ckpt.every_steps`): what the same run stopped after saving step `step` leaves behind (killed, preempted,
+  `--until_step`). Resuming the copy must end bitwise where the uninterrupted run ended; the copy costs no second
+  run up to `step`."""
+  import shutil
+  shutil.copytree(workdir, dest)
+  checkpoints = os.path.join(dest, "checkpoints")
+  for name in os.listdir(checkpoints):
+    if name.isdigit() and int(name) > step:
+      shutil.rmtree(os.path.join(checkpoints, name))
+  assert sorted(int(n) for n in os.listdir(checkpoints) if n.isdigit())[-1] == step, os.listdir(checkpoints)
+  return str(dest)

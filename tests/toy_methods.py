@@ -68,6 +68,7 @@ class Discriminator(nnx.Module):
 @dataclasses.dataclass(frozen=True)
 class AlternatingOptions(Options):
   freeze_encoder_in_enc_update: bool = method_option(False)
+  enc_update_trains: str = method_option(r"model/.*")   # the encoder update's trainable group (a regex)
 
 
 @register("test_alternating")
@@ -108,5 +109,6 @@ class Alternating(SingleModelMethod):
     enc_lr = None if self.options.freeze_encoder_in_enc_update else lr
     return (Stage("train", self.setup.num_epochs, (
         Update("disc", self.disc_loss, (ParamGroup(r"disc/.*", lr, name="disc"), ParamGroup(".*", None))),
-        Update("enc", self.enc_loss, (ParamGroup(r"model/.*", enc_lr, name="enc"), ParamGroup(".*", None))),
+        Update("enc", self.enc_loss, (ParamGroup(self.options.enc_update_trains, enc_lr, name="enc"),
+                                      ParamGroup(".*", None))),
     )),)

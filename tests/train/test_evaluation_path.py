@@ -41,11 +41,21 @@ def test_periodic_noise_detection_scores_the_training_pairs_like_the_final_one(t
   assert final["noise_detection"]["auc"] == pytest.approx(roc_auc_score(pairs.clean, cosine), abs=2e-4)
 
 
-def test_periodic_noise_detection_of_a_method_with_per_sample_state_reads_its_labels(tmp_path):
-  # GSC: one epoch of 22 steps, the label update at its end; periodic evaluation at step 22 sees the new labels.
+@pytest.fixture(scope="module")
+def gsc_run(tmp_path_factory):
+  """GSC for one epoch of 22 steps, its label update at the epoch's end; noise detection every 22 steps and at the
+  end, retrieval at the end: one run for the two tests below (the run does not depend on its evaluators)."""
+  workdir = tmp_path_factory.mktemp("gsc_run")
   cfg = make_config("gsc", "batch=64,epochs=1,warmup=0", **{
-      "evals": dict(noise_detection=dict(type="noise_detection", every_steps=22))})
-  result, final, periodic = _train_with_periodic(cfg, tmp_path)
+      "evals": dict(noise_detection=dict(type="noise_detection", every_steps=22),
+                    retrieval=dict(type="retrieval", split="test"))})
+  result, final, periodic = _train_with_periodic(cfg, workdir)
+  return dict(workdir=workdir, result=result, final=final, periodic=periodic)
+
+
+def test_periodic_noise_detection_of_a_method_with_per_sample_state_reads_its_labels(gsc_run):
+  # Periodic evaluation at step 22, after the epoch's label update, sees the new labels.
+  result, final, periodic = gsc_run["result"], gsc_run["final"], gsc_run["periodic"]
   assert list(periodic) == [22] and periodic[22]["noise_detection/auc"] == final["noise_detection"]["auc"]
   from sklearn.metrics import roc_auc_score
   y = np.asarray(jax.device_get(result.state["method_state"]["model"]["y"]))[:1438]
@@ -54,12 +64,8 @@ def test_periodic_noise_detection_of_a_method_with_per_sample_state_reads_its_la
                                                           abs=1e-9)
 
 
-def test_a_checkpoint_is_evaluated_without_its_input_pipeline_or_optimiser_state(tmp_path, monkeypatch):
-  cfg = make_config("gsc", "batch=64,epochs=1,warmup=0", total_steps=22)
-  with cfg.unlocked():
-    cfg.evals = dict(noise_detection=dict(type="noise_detection"), retrieval=dict(type="retrieval", split="test"))
-  result = train.train(cfg, str(tmp_path))
-  expected = evaluation.final(cfg, result, str(tmp_path))
+def test_a_checkpoint_is_evaluated_without_its_input_pipeline_or_optimiser_state(gsc_run, monkeypatch):
+  expected = gsc_run["final"]
   from ncjax import checkpoint
   from ncjax.data import pipeline
 
@@ -68,8 +74,9 @@ def test_a_checkpoint_is_evaluated_without_its_input_pipeline_or_optimiser_state
 
   monkeypatch.setattr(pipeline.TrainData, "__init__", refuse)
   monkeypatch.setattr(checkpoint.Checkpointer, "restore", refuse)
-  got, meta = evaluation.evaluate_checkpoint(None, str(tmp_path), 22)
+  got, meta = evaluation.evaluate_checkpoint(None, str(gsc_run["workdir"]), 22)
   assert meta["method"] == "gsc"
+  assert set(got) == {"noise_detection", "retrieval"}
   assert got["noise_detection"] == expected["noise_detection"]
   for k, v in expected["retrieval"].items():
     assert got["retrieval"][k] == pytest.approx(v, abs=1e-9), k

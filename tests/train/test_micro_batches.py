@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import assert_trees_equal, host_params, make_config
+from helpers import assert_trees_equal, host_params, make_config, stopped_at
 from ncjax import train
 
 TOL = 2e-6
@@ -29,10 +29,35 @@ SLOW = {"siglip": ("siglip", "noise=0.4,batch=64,epochs=1"),
         "hac": ("hac", "batch=64,epochs=1")}
 
 
+def _config(name, arg, k, **overrides):
+  return make_config(name, arg, total_steps=2, **{"optim.micro_batches": k, **overrides})
+
+
 def _params(name, arg, k, **overrides):
-  cfg = make_config(name, arg, total_steps=2, **{"optim.micro_batches": k, **overrides})
   with tempfile.TemporaryDirectory() as workdir:
-    return host_params(train.train(cfg, workdir))
+    return host_params(train.train(_config(name, arg, k, **overrides), workdir))
+
+
+# CLIP's runs of the tests below save every step: the resume test resumes a copy of the K = 4 run cut back to step 1.
+CLIP_SAVES = {"ckpt.every_steps": 1}
+
+
+@pytest.fixture(scope="module")
+def clip_runs(tmp_path_factory):
+  """CLIP's 2-step runs at K = 1 and K = 4, kept while this module runs: the equality, compiled-program and resume
+  tests read the same two runs (a new trainer traces its programs again). Dropped, with the executables their
+  trainers hold, when the module ends."""
+  runs = {}
+
+  def run(k):
+    if k not in runs:
+      workdir = tmp_path_factory.mktemp(f"clip_k{k}")
+      runs[k] = train.train(_config(*FAST["clip"], k, **CLIP_SAVES), str(workdir)), workdir
+    return runs[k][0]
+
+  run.workdir = lambda k: runs[k][1]
+  yield run
+  runs.clear()
 
 
 def _close(a, b, tol=TOL):
@@ -40,15 +65,18 @@ def _close(a, b, tol=TOL):
   assert worst <= tol, worst
 
 
-def _check_method(config, arg, ks=(2, 4)):
-  ref = _params(config, arg, 1)
+def _check_method(config, arg, ks=(2, 4), params_of=None):
+  params_of = params_of or (lambda k: _params(config, arg, k))
+  ref = params_of(1)
   for k in ks:
-    _close(ref, _params(config, arg, k))
+    _close(ref, params_of(k))
 
 
 @pytest.mark.parametrize("method", sorted(FAST))
-def test_micro_batched_steps_equal_the_full_batch_step(method):
-  _check_method(*FAST[method], ks=(4,))    # make test: K = 4 (make test-all: K = 2 and 4, every method)
+def test_micro_batched_steps_equal_the_full_batch_step(method, clip_runs):
+  # make test: K = 4 (make test-all: K = 2 and 4, every method)
+  shared = (lambda k: host_params(clip_runs(k))) if method == "clip" else None
+  _check_method(*FAST[method], ks=(4,), params_of=shared)
 
 
 @pytest.mark.slow
@@ -66,16 +94,14 @@ def test_micro_batches_compose_with_fsdp_remat_bf16_and_chunked_losses():
   _close(_params("clip", arg, 1, **bf16), _params("clip", arg, 4, **bf16), tol=2e-3)
 
 
-def _compiled_step(k):
-  """The compiled train step (one device's program after SPMD partitioning) of CLIP at batch 64 on 8 devices."""
-  cfg = make_config("clip", "noise=0.4,batch=64,epochs=1", total_steps=1, **{"optim.micro_batches": k})
-  with tempfile.TemporaryDirectory() as workdir:
-    trainer = train.Trainer(cfg, workdir)
-    span = trainer.spans[0]
-    state, prog = trainer.init_state(span), trainer.program(span)
-    batch, _ = trainer.exp.train_data.global_batch(0)
-    with jax.set_mesh(trainer.exp.mesh):
-      return prog.step.lower(state, batch).compile().as_text()
+def _compiled_step(result):
+  """The compiled train step (one device's program after SPMD partitioning) of CLIP at batch 64 on 8 devices: the
+  program the run trained with, lowered again from its trainer and final state."""
+  trainer = result.trainer
+  prog = trainer.program(trainer.spans[0])
+  batch, _ = trainer.exp.train_data.global_batch(0)
+  with jax.set_mesh(trainer.exp.mesh):
+    return prog.step.lower(result.state, batch).compile().as_text()
 
 
 def _all_gathers(hlo):
@@ -87,12 +113,12 @@ def _patch_embeddings(hlo):
   return set(re.findall(r"= (f32\[\d+,4,4,64\])\S* convolution\(", hlo))
 
 
-def test_micro_batches_run_in_k_pieces_and_stay_on_their_devices():
+def test_micro_batches_run_in_k_pieces_and_stay_on_their_devices(clip_runs):
   """With K = 4 the compiled step encodes each device's 8 images as 4 micro-batches of 2 (the patch embedding's
   activations are 2 images deep, inside a loop of 4 trips; with K = 1 they are 8 deep) — the program really runs K
   pieces, not the whole batch at once. And no all-gather of the image or token batch: the step gathers what K = 1's
   gathers (the embeddings the global-batch loss needs, and a few vectors), nothing more."""
-  one, four = _compiled_step(1), _compiled_step(4)
+  one, four = _compiled_step(clip_runs(1)), _compiled_step(clip_runs(4))
   assert "f32[8,4,4,64]" in _patch_embeddings(one) and "f32[2,4,4,64]" not in _patch_embeddings(one)
   assert _patch_embeddings(four) == {"f32[2,4,4,64]"}, _patch_embeddings(four)
   assert '"known_trip_count":{"n":"4"}' in four
@@ -101,12 +127,12 @@ def test_micro_batches_run_in_k_pieces_and_stay_on_their_devices():
   assert not any(s.startswith("f32[64,16,16") or s.startswith("s32[64,16") for s in gathered), gathered
 
 
-def test_a_micro_batched_run_resumes_bitwise(tmp_path):
-  """Stopped after step 1 (--until_step) and resumed: bitwise the uninterrupted run (a SIGKILL mid-run: below)."""
-  cfg = make_config("clip", "noise=0.4,batch=64,epochs=1", total_steps=3, **{"optim.micro_batches": 2})
-  whole = train.train(cfg, str(tmp_path / "whole"))
-  train.train(cfg, str(tmp_path / "resumed"), until=1)
-  resumed = train.train(cfg, str(tmp_path / "resumed"))
+def test_a_micro_batched_run_resumes_bitwise(clip_runs, tmp_path):
+  """Stopped after step 1 and resumed: bitwise the uninterrupted run (the equality test's CLIP run at K = 4, resumed
+  from a copy of its workdir cut back to its step-1 checkpoint; a SIGKILL mid-run: below)."""
+  whole = clip_runs(4)
+  resumed = train.train(_config(*FAST["clip"], 4, **CLIP_SAVES), stopped_at(clip_runs.workdir(4), 1, tmp_path / "r"))
+  assert int(resumed.state["step"]) == int(whole.state["step"]) == 2
   assert_trees_equal(whole.state, resumed.state)
 
 

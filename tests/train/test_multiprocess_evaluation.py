@@ -1,6 +1,7 @@
 """Every command on N processes: 2 local processes x 4 CPU devices (the stand-in for a pod) against 1 process x 8
 devices. Training with every default evaluator, periodic and final, completes on 2 processes (it crashed in the
-final evaluation until 2026-11-23: `jax.device_get` of embeddings and per-sample state spanning both processes);
+final evaluation until 2026-11-23: `jax.device_get` of embeddings and per-sample state spanning both processes) and
+ends where the same run on 1 process ends;
 evaluating the same checkpoint on 2 processes and on 1 gives the same JSON, value for value (the same program on
 the same per-device shapes); NC-bench and export run on 2 processes."""
 
@@ -8,6 +9,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,12 +44,27 @@ def _train_2x4_then_evaluate_1x8(tmp_path, config: str, extra=()):
   return two, evaluated, step, workdir
 
 
+GSC_ARG = "model=micro,batch=256,epochs=1,warmup=0"
+
+
 def test_gsc_trains_and_evaluates_on_two_processes_as_on_one(tmp_path):
   # GSC: per-sample labels split over both processes' devices, the end-of-epoch GMM update at step 5; every default
   # evaluator (zero-shot, retrieval, noise detection on the per-sample labels), noise detection also periodic.
   two, evaluated, step, workdir = _train_2x4_then_evaluate_1x8(
-      tmp_path, "configs/gsc.py:model=micro,batch=256,epochs=1,warmup=0",
-      ["--config.evals.noise_detection.every_steps=5"])
+      tmp_path, f"configs/gsc.py:{GSC_ARG}", ["--config.evals.noise_detection.every_steps=5"])
+  # Training: the same run on 1 process x 8 devices (here, without evaluators) ends where the 2 processes ended,
+  # parameter for parameter within 2e-5 (the two layouts reduce in another order): each process fed its own half of
+  # every global batch, and the gradient was summed over both (the make test-all CLIP twin, with each process's
+  # batch ids: tests/train/test_multihost.py).
+  from helpers import leaves, make_config
+  from ncjax import checkpoint as ckpt_lib
+  from ncjax import train
+  one = leaves(train.train(make_config("gsc", GSC_ARG), str(tmp_path / "one")).params)
+  saved, _, saved_step = ckpt_lib.restore_state_on_host(str(workdir))
+  two_params = leaves(saved["params"])
+  assert saved_step == 5 and set(one) == set(two_params)
+  for name in one:
+    np.testing.assert_allclose(two_params[name], one[name], atol=2e-5, rtol=0, err_msg=name)
   assert step == 5 and set(two["results"]) == {"zeroshot", "retrieval", "noise_detection"}
   assert evaluated[2]["results"] == two["results"]          # ncjax eval on 2 processes == the run's final eval
   assert evaluated[1]["results"] == two["results"]          # ... == 1 process x 8 devices, value for value
@@ -56,7 +73,6 @@ def test_gsc_trains_and_evaluates_on_two_processes_as_on_one(tmp_path):
   assert [r["step"] for r in periodic] == [5]
   assert periodic[0]["noise_detection/auc"] == two["results"]["noise_detection"]["auc"]
   # the labels after the GMM update at step 5, read from both processes' devices (all at 1 before: AUC exactly 0.5)
-  import numpy as np
   labels = np.load(workdir / "eval" / "step_5_clean_scores.npz")["scores"]
   assert len(np.unique(labels)) > 100 and two["results"]["noise_detection"]["auc"] != 0.5
   # files are written once, by process 0: one final JSON, one plot per evaluator that draws one
