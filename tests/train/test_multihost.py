@@ -12,7 +12,10 @@ import pytest
 from helpers import ROOT, tiny_clip_config
 from ncjax import train
 
-pytestmark = pytest.mark.multiprocess
+# make test-all. make test's 2-process training check is the GSC run of tests/train/test_multiprocess_evaluation.py,
+# whose parameters are compared with the same run's on 1 process (it fails when each process feeds process 0's half
+# of the batch, or draws its crops at process 0's positions); this one adds each process's batch ids, for CLIP.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
 def _free_port():
@@ -28,7 +31,8 @@ def test_two_processes_match_one_process(tmp_path):
   port, steps = _free_port(), 3
   out = tmp_path / "params.npz"
   worker = os.path.join(ROOT, "tests", "multihost_worker.py")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  # (two processes: no compilation cache, as tests/multiprocess.py starts them)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, JAX_ENABLE_COMPILATION_CACHE="false")
   procs = [subprocess.Popen([sys.executable, worker, str(i), "2", str(port), str(tmp_path / "mp"), str(out),
                              str(steps), "4"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for i in range(2)]
