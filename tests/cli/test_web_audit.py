@@ -9,8 +9,6 @@ import csv
 import html.parser
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import jax
@@ -18,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import cli_in_process
 from helpers import ROOT, assert_trees_equal, tiny_clip_config
 import multiprocess
 from ncjax import errors, evaluation, experiment, fileio, train
@@ -125,9 +124,13 @@ def test_every_web_pair_is_scored_once_as_the_model_scores_it_bad_records_as_tra
   images = np.stack([web_decode.decode_eval(samples[i].image, 16, "openai") for i in ok])
   tokens = tokenizer.encode([samples[i].caption for i in ok])
   params = jax.device_get(state["params"])
-  model = method.model_for_eval(params)
-  zi, zt = model.encode_image(jnp.asarray(images)), model.encode_text(jnp.asarray(tokens))
-  expected = np.asarray(jnp.sum(zi * zt, axis=-1))
+
+  @jax.jit   # one program on one device (eager, every operation of both towers compiled on its own: seconds)
+  def cosines(params, images, tokens):
+    model = method.model_for_eval(params)
+    return jnp.sum(model.encode_image(images) * model.encode_text(tokens), axis=-1)
+
+  expected = np.asarray(cosines(params, jnp.asarray(images), jnp.asarray(tokens)))
   np.testing.assert_allclose(cols["score"][ok], expected, atol=2e-5, rtol=0)
   assert np.std(expected) > 1e-3                                            # the pairs' scores differ
 
@@ -211,66 +214,57 @@ def test_an_audit_killed_mid_shard_resumes_to_the_same_files(scored, tmp_path):
   procs[0].wait()
   assert not os.path.exists(score_files.shard_file(out, 0, "00001.tar"))
   stamp = os.stat(first).st_mtime_ns
-  codes = multiprocess.wait(_audit_cli(scored["run"], out, 1, 8, logs), timeout=600)
-  assert codes == [0], multiprocess.logs(logs)
+  # the same command again, in this process (the fixture's audit compiled its program here: 1 process, 8 devices)
+  resumed = cli_in_process.run(["audit", f"--checkpoint={scored['run']}", f"--output={out}", "--top=8", "--sample=6",
+                                "--progress_every=0.5"], cwd=ROOT)
+  assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
   assert os.stat(first).st_mtime_ns == stamp                                # a finished shard is not scored again
-  assert "(1 shards already scored)" in multiprocess.logs(logs)
+  assert "(1 shards already scored)" in resumed.stdout
   assert _raw(out) == _raw(scored["out"])                                    # byte for byte the uninterrupted files
 
 
-def _recording(monkeypatch):
-  seen = []
-  assemble = web_pipeline.WebTrainData.assemble
-
-  def record(self, step, specs, decoded):
-    batch = assemble(self, step, specs, decoded)
-    seen.append((step, batch["id"].tolist(), int(batch["_skipped"])))
-    return batch
-
-  monkeypatch.setattr(web_pipeline.WebTrainData, "assemble", record)
-  return seen
-
-
-def test_a_filter_trains_exactly_on_the_kept_ids_in_every_read_mode_and_resumes_bitwise(scored, tmp_path,
-                                                                                         monkeypatch):
+def test_a_filter_trains_exactly_on_the_kept_ids_in_every_read_mode_and_resumes_bitwise(scored, tmp_path):
   root, out = scored["root"], scored["out"]
   path = str(tmp_path / "filter")
-  res = subprocess.run([sys.executable, "-m", "ncjax.main", "filter", f"--scores={out}", "--keep=0.5345",
-                        f"--output={path}", "--write_keys"], cwd=ROOT, env=multiprocess.env(),
-                       capture_output=True, text=True, timeout=300)
+  res = cli_in_process.run(["filter", f"--scores={out}", "--keep=0.3345", f"--output={path}", "--write_keys"],
+                           cwd=ROOT)
   cols = _files(out)
   scored_pairs = int((~np.isnan(cols["score"])).sum())
   assert scored_pairs == 479   # 500 less 21 bad records
-  assert res.returncode == 0 and "kept 256 of 479 scored pairs" in res.stdout, res.stdout + res.stderr   # 8 batches
+  assert res.returncode == 0 and "kept 160 of 479 scored pairs" in res.stdout, res.stdout + res.stderr   # 5 batches
   kept = set(np.flatnonzero(subset.open_subset(path, [web.open_dataset(root)]).kept[0].contains(np.arange(500))))
-  best = np.argsort(-np.nan_to_num(cols["score"], nan=-np.inf), kind="stable")[:256]
-  assert kept == set(best.tolist())                                          # the best 256 by score
+  best = np.argsort(-np.nan_to_num(cols["score"], nan=-np.inf), kind="stable")[:160]
+  assert kept == set(best.tolist())                                          # the best 160 by score
   import pyarrow.parquet as pq
   keys = pq.read_table(os.path.join(path, "kept_keys", "d0.parquet")).to_pydict()
   assert sorted(keys["id"]) == sorted(kept) and all(cols["key"][i] == k for i, k in zip(keys["id"], keys["key"]))
-  seen = _recording(monkeypatch)
-  base = dict(arg="batch=32,epochs=1", total_steps=8, **{"input.dataset": f"web:{root}", "input.web.filter": path,
-                                                         "input.prefetch": 1, "input.web.block": 16,
-                                                         "input.web.shuffle_pairs": 64, "input.web.window": 2})
+  # 3 epochs of 5 steps: the 15 scheduled steps of the fixture's run (one epoch of its 500 pairs), so its compiled
+  # step (which takes the clean flags too) serves these runs; they train the first epoch
+  base = dict(arg="batch=32,epochs=3", total_steps=5, **{"input.dataset": f"web:{root}", "input.web.filter": path,
+                                                         "input.web.clean_key": "clean", "input.prefetch": 1,
+                                                         "input.web.block": 16, "input.web.shuffle_pairs": 64,
+                                                         "input.web.window": 2})
+  # what each read mode feeds an epoch's steps: the data the experiment builds from the config, as training reads it
   for mode, read in (("index", "pair"), ("index", "block"), ("stream", "auto")):
-    seen.clear()
-    result = train.train(tiny_clip_config(**base, **{"input.web.mode": mode, "input.web.read": read}),
-                         str(tmp_path / f"{mode}_{read}"))
-    data = result.experiment.train_data
-    assert data.num_examples == 500 and data.num_trained == 256 and data.steps_per_epoch == 8
-    assert result.experiment.method.num_examples == 500                     # per-sample state by unfiltered ids
-    ids = [i for _, batch, _ in seen for i in batch]
-    assert [s for s, _, _ in seen] == list(range(8)) and all(k == 0 for _, _, k in seen)
-    assert len(ids) == 256 and set(ids) == kept, (mode, read)   # one epoch: every kept pair once, nothing else
-  # resume: the filtered order is a function of the step
+    exp = experiment.build_experiment(tiny_clip_config(**base, **{"input.web.mode": mode, "input.web.read": read}))
+    data = exp.train_data
+    assert data.num_examples == 500 and data.num_trained == 160 and data.steps_per_epoch == 5
+    assert exp.method.num_examples == 500                                    # per-sample state by unfiltered ids
+    batches = list(data.host_batches(0, 5))
+    ids = [i for batch in batches for i in batch["id"].tolist()]
+    assert all(int(batch["_skipped"]) == 0 for batch in batches)
+    assert len(ids) == 160 and set(ids) == kept, (mode, read)   # one epoch: every kept pair once, nothing else
+  # training (pair reads of the index): the same epoch, and a resume bitwise (the filtered order is a function of the
+  # step)
   cfg = tiny_clip_config(**base)
   whole = train.train(cfg, str(tmp_path / "whole"))
-  train.train(cfg, str(tmp_path / "resumed"), until=3)
+  assert whole.experiment.train_data.num_trained == 160 and int(whole.state["step"]) == 5
+  train.train(cfg, str(tmp_path / "resumed"), until=2)
   resumed = train.train(cfg, str(tmp_path / "resumed"))
   assert_trees_equal(whole.state, resumed.state)
-  # another filter (or none) cannot continue that order
-  other = str(tmp_path / "filter60")
-  subset.write_from_scores(out, other, keep=0.6)
+  # another filter (or none) cannot continue that order (here one of as many steps an epoch: 167 pairs)
+  other = str(tmp_path / "filter35")
+  subset.write_from_scores(out, other, keep=0.35)
   with pytest.raises(errors.CheckpointError, match="input.web.filter"):
     train.train(tiny_clip_config(**dict(base, **{"input.web.filter": other})), str(tmp_path / "resumed"))
   # a filter of other data
@@ -280,7 +274,7 @@ def test_a_filter_trains_exactly_on_the_kept_ids_in_every_read_mode_and_resumes_
     train.train(tiny_clip_config(**dict(base, **{"input.dataset": f"web:{elsewhere}"})), str(tmp_path / "x"))
 
 
-def test_web_audit_filter_and_training_on_gcs(scored, tmp_path, monkeypatch):
+def test_web_audit_and_its_filter_on_gcs(scored, tmp_path):
   from gcs_server import GCSServer
   with GCSServer() as server:
     root = server.path("web")
@@ -295,13 +289,15 @@ def test_web_audit_filter_and_training_on_gcs(scored, tmp_path, monkeypatch):
     assert fileio.exists(fileio.join(out, "index.html")) and fileio.exists(fileio.join(out, "thumbs"))
     path = server.path("filter")
     subset.write_from_scores(out, path, keep=0.5, keys=True)
-    seen = _recording(monkeypatch)
+    # training's data from the config (streamed from the bucket through the bucket's filter); training itself on gs://
+    # data: tests/train/test_web_object_store.py
     cfg = tiny_clip_config(arg="batch=32,epochs=1", total_steps=2, **{
         "input.dataset": f"web:{root}", "input.web.filter": path, "input.web.mode": "stream", "input.prefetch": 1,
         "input.web.cache_dir": str(tmp_path / "cache")})
-    train.train(cfg, str(tmp_path / "gcs_run"))
+    data = experiment.build_experiment(cfg).train_data
+    ids = [i for batch in data.host_batches(0, 2) for i in batch["id"].tolist()]
     kept = subset.open_subset(path, [web.open_dataset(root)], str(tmp_path / "cache")).kept[0]
-    ids = [i for _, batch, _ in seen for i in batch]
+    assert data.num_trained == kept.contains(np.arange(500)).sum() == 240     # half of the 479 scored pairs
     assert len(ids) == 64 and kept.contains(ids).all()
     # the filter's bits were fetched once into the host's cache
     assert any(f.startswith("kept-0-") for _, _, files in os.walk(tmp_path / "cache") for f in files)

@@ -1,7 +1,8 @@
 """Web-scale data (ncjax.data.web.dataset, permutation, mixture, web_pipeline): img2dataset output read streamed and indexed
 with the same example ids, on-demand permutations and noise, exact resume, process slices, bad records, mixtures,
-the parallel build. The fixture is a 20k-pair tar + parquet dataset of 8-px JPEGs (tests/README: synthetic, written
-by ncjax.data.web.synthetic)."""
+the parallel build. The fixture is a 3,200-pair tar + parquet dataset of 8-px JPEGs in 20 shards (tests/README:
+synthetic, written by ncjax.data.web.synthetic): every claim here is about ids, orders and shards, none about size
+(the on-demand permutation at web scale is its own test)."""
 
 import json
 import os
@@ -22,22 +23,22 @@ from ncjax.data.pipeline import BadRecordError
 from ncjax.data.specs import InputSpec, WebSpec
 from ncjax.tokenizers import TokenizerSpec, WordTokenizer
 
-N = 20_000
-PER_SHARD = 1_000
+N = 3_200          # 50 global batches of 64: step 50 is exactly the first of epoch 1
+PER_SHARD = 160
 
 
 @pytest.fixture(scope="module")
-def web20k(tmp_path_factory):
-  """20k pairs in 20 shards (tar + parquet + _stats.json), streamed-only copy and an indexed copy (same files)."""
-  root = str(tmp_path_factory.mktemp("web20k") / "data")
+def web_pairs(tmp_path_factory):
+  """3,200 pairs in 20 shards (tar + parquet + _stats.json), streamed-only copy and an indexed copy (same files)."""
+  root = str(tmp_path_factory.mktemp("web_pairs") / "data")
   info = web_synthetic.write_img2dataset(root, N, per_shard=PER_SHARD, image_size=8, pool=16)
   return dict(root=root, info=info)
 
 
 @pytest.fixture(scope="module")
-def indexed20k(web20k):
-  manifest = web_index.build_index(web20k["root"], workers=2)
-  return dict(web20k, manifest=manifest)
+def indexed_pairs(web_pairs):
+  manifest = web_index.build_index(web_pairs["root"], workers=2)
+  return dict(web_pairs, manifest=manifest)
 
 
 def _tokenizer():
@@ -99,9 +100,9 @@ def test_permuted_noise_shuffles_the_images_of_a_chosen_subset(derangement):
 
 
 # --- streamed and indexed: the same examples -------------------------------------------------------------------
-def test_streamed_and_indexed_give_the_same_examples(indexed20k):
-  root, info = indexed20k["root"], indexed20k["info"]
-  assert indexed20k["manifest"]["num_examples"] == N and not indexed20k["manifest"]["bad_shards"]
+def test_streamed_and_indexed_give_the_same_examples(indexed_pairs):
+  root, info = indexed_pairs["root"], indexed_pairs["info"]
+  assert indexed_pairs["manifest"]["num_examples"] == N and not indexed_pairs["manifest"]["bad_shards"]
   streamed = web.open_dataset(root, use_index=False)
   indexed = web.open_dataset(root)
   assert streamed.index is None and indexed.index is not None
@@ -124,9 +125,9 @@ def test_streamed_and_indexed_give_the_same_examples(indexed20k):
   assert web.read_parquet_captions(streamed.shards[3])[:5] == [info["caption"](3 * PER_SHARD + k) for k in range(5)]
 
 
-def test_an_epoch_visits_every_pair_once_streamed_and_indexed(indexed20k):
-  root = indexed20k["root"]
-  b = 500
+def test_an_epoch_visits_every_pair_once_streamed_and_indexed(indexed_pairs):
+  root = indexed_pairs["root"]
+  b = 400
   for mode, ds in (("stream", web.open_dataset(root, use_index=False)), ("index", web.open_dataset(root))):
     data = _data([ds], mode, batch=b, window=3, buffer=256)
     assert data.steps_per_epoch == N // b
@@ -144,10 +145,10 @@ def _batches(data, start, stop):
 
 
 @pytest.mark.parametrize("resample", [False, True])
-def test_streamed_order_resumes_bitwise_mid_window(web20k, resample):
-  ds = web.open_dataset(web20k["root"], use_index=False)
+def test_streamed_order_resumes_bitwise_mid_window(web_pairs, resample):
+  ds = web.open_dataset(web_pairs["root"], use_index=False)
   make = lambda: _data([ds], "stream", batch=96, window=2, buffer=128, resample=resample)
-  full = _batches(make(), 0, 24)          # 24 x 96 pairs: more than one window of 2 shards (2,000 pairs)
+  full = _batches(make(), 0, 24)          # 24 x 96 pairs: several windows of 2 shards (320 pairs)
   resumed = _batches(make(), 13, 24)      # a fresh reader, started inside the second window
   for a, b in zip(full[13:], resumed):
     for k in a:
@@ -156,11 +157,12 @@ def test_streamed_order_resumes_bitwise_mid_window(web20k, resample):
   assert len(np.unique(ids)) == len(ids) or resample
 
 
-def test_two_processes_read_disjoint_slices_of_each_global_batch(indexed20k):
-  root = indexed20k["root"]
+def test_two_processes_read_disjoint_slices_of_each_global_batch(indexed_pairs):
+  root = indexed_pairs["root"]
   one = _data([web.open_dataset(root)], "index", batch=64)
   parts = [_data([web.open_dataset(root)], "index", batch=64, process_index=p, process_count=2) for p in range(2)]
-  for step in (0, 5, 312, 313):     # 312 = the first step of epoch 1
+  first_of_epoch_1 = N // 64     # (no window across the epoch's end, whose pairs a batch may then hold twice)
+  for step in (0, 5, first_of_epoch_1, first_of_epoch_1 + 1):
     whole = one.host_batch(step)
     halves = [d.host_batch(step) for d in parts]
     assert not set(halves[0]["id"].tolist()) & set(halves[1]["id"].tolist())
@@ -281,8 +283,8 @@ def _input_spec(dataset, **web_overrides):
 
 
 # --- the build ----------------------------------------------------------------------------------------------------
-def test_a_build_over_two_hosts_equals_one_and_continues_after_an_interruption(web20k, tmp_path):
-  root = web20k["root"]
+def test_a_build_over_two_hosts_equals_one_and_continues_after_an_interruption(web_pairs, tmp_path):
+  root = web_pairs["root"]
   one = str(tmp_path / "one")
   web_index.build_index(root, index_dir=one, workers=1)
   two = str(tmp_path / "two")
@@ -303,8 +305,8 @@ def test_a_build_over_two_hosts_equals_one_and_continues_after_an_interruption(w
   assert np.load(os.path.join(one, manifest["offsets_file"])).dtype == np.uint32     # 4 bytes per pair
 
 
-def test_a_word_vocabulary_over_web_data_is_capped(web20k):
-  spec = _input_spec(f"web:{web20k['root']}", vocab_captions=3000, max_vocab=60)
+def test_a_word_vocabulary_over_web_data_is_capped(web_pairs):
+  spec = _input_spec(f"web:{web_pairs['root']}", vocab_captions=3000, max_vocab=60)
   datasets = web_pipeline.open_datasets(spec)
   tok = web_pipeline.web_tokenizer(TokenizerSpec("word", 16), spec.web, datasets)
   assert tok.vocab_size == 60
@@ -312,25 +314,25 @@ def test_a_word_vocabulary_over_web_data_is_capped(web20k):
   assert web_pipeline.parse_weights("1::2.5", 2, (10, 20)) == (1.0, 2.5)
 
 
-def test_a_web_run_whose_context_cuts_captions_says_what_share_it_cuts(web20k, caplog):
+def test_a_web_run_whose_context_cuts_captions_says_what_share_it_cuts(web_pairs, caplog):
   """Web data keeps the context it is given; a context that cuts captions is a warning with the share cut, measured
-  on the captions of the first shards (here all 20k: 10-18 words, 12-20 tokens with start and end)."""
+  on the captions of the first shards (here all 3,200: 10-18 words, 12-20 tokens with start and end)."""
   import logging
   from helpers import make_config
   from ncjax.experiment import build_experiment
   from ncjax.tokenizers.word import split_words
-  counts = np.asarray(web20k["info"]["counts"])
+  counts = np.asarray(web_pairs["info"]["counts"])
   caps = [c for start, n in zip(np.cumsum(counts) - counts, counts) for c in web_synthetic.captions(int(start), int(n))]
   tokens = np.asarray([len(split_words(c)) + 2 for c in caps])
   with caplog.at_level(logging.WARNING, logger="ncjax"):
-    exp = build_experiment(make_config("clip", f"data=web:{web20k['root']},batch=64"))
+    exp = build_experiment(make_config("clip", f"data=web:{web_pairs['root']},batch=64"))
   assert exp.tokenizer.context_length == 16                      # micro's, kept
   assert (f"model.context_length 16 cuts {np.mean(tokens > 16):.1%} of {N} captions sampled from the web data's "
           f"first shards (the longest: {tokens.max()} tokens)") in caplog.text
   assert 0 < np.mean(tokens > 16) < 1
   caplog.clear()
   with caplog.at_level(logging.WARNING, logger="ncjax"):
-    build_experiment(make_config("clip", f"data=web:{web20k['root']},batch=64", **{"model.context_length": 24}))
+    build_experiment(make_config("clip", f"data=web:{web_pairs['root']},batch=64", **{"model.context_length": 24}))
   assert "cuts" not in caplog.text
 
 

@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import cli_in_process  # noqa: E402  (tests/cli_in_process.py)
 import multiprocess  # noqa: E402  (tests/multiprocess.py)
 from gcs_server import GCSServer, RefusingStore  # noqa: E402
 from helpers import ROOT, tiny_clip_config  # noqa: E402
@@ -47,7 +48,7 @@ def test_a_shard_written_in_place_mid_run_stops_it_with_its_last_checkpoint_inta
   cfg = tiny_clip_config(arg="batch=32,epochs=2", total_steps=24, **{
       "input.prefetch": 1, "input.dataset": f"web:{root}", "input.web.read": "block", "input.web.block": 16,
       "input.web.shuffle_pairs": 32, "input.web.window_batches": 1, "input.web.cache_dir": str(tmp_path / "c"),
-      "input.web.io_deadline_s": 120.0, "ckpt.every_steps": 1})
+      "input.web.io_deadline_s": 120.0, "ckpt.every_steps": 3})   # (a save costs ~0.6 s here)
   shard = os.path.join(root, "00001.tar")
 
   def hook(step, state, writer):
@@ -100,14 +101,36 @@ def _one_line(out) -> str:
   return errors[0]
 
 
-def test_a_shard_written_in_place_under_an_open_descriptor_stops_ncjax_train_with_one_line(tmp_path):
+def _write_in_place_after_reads(monkeypatch, shard: str, reads: int) -> None:
+  """After the first `reads` ranged reads of the local `shard`, the shard is written over in place (its captions
+  changed, every byte where it was: the index's offsets still fit) while the reader's descriptor of it is open: what
+  tests/plugins/change_shard_mid_read.py does to a `ncjax train` process, here for this test only."""
+  pread = store._LocalFiles.pread   # noqa: SLF001
+  count = {"reads": 0, "lock": threading.Lock()}
+
+  def changing_pread(self, path, start, end, pin=""):
+    if path == shard:
+      with count["lock"]:
+        count["reads"] += 1
+        if count["reads"] == reads + 1:
+          with open(path, "r+b") as f:   # `cp` of a re-downloaded shard over this one: the same inode
+            data = f.read()
+            f.seek(0)
+            f.write(data.replace(b"skyline", b"SKYLINE"))
+    return pread(self, path, start, end, pin)
+
+  monkeypatch.setattr(store._LocalFiles, "pread", changing_pread)   # noqa: SLF001
+
+
+def test_a_shard_written_in_place_under_an_open_descriptor_stops_ncjax_train_with_one_line(tmp_path, monkeypatch):
   # per-pair reads (the default on local disk): before issue 53, 230 of the shard's 346 later pairs were trained
-  # with the new captions and the run went on
+  # with the new captions and the run went on. The command runs in this process (its main(argv): the error's one
+  # line and exit status are main's; tests/cli/test_errors.py keeps a real process's)
   root = _local_data(str(tmp_path / "d"))
   shard = os.path.join(root, "00001.tar")
-  plugin = os.path.join(ROOT, "tests", "plugins", "change_shard_mid_read.py")
-  out = _cli([f"--config=clip:data=web:{root},model=micro,batch=32,epochs=2", f"--plugins={plugin}"],
-             dict(NCJAX_CHANGE_SHARD=shard, NCJAX_CHANGE_AFTER_READS="3"), tmp_path)
+  _write_in_place_after_reads(monkeypatch, shard, 3)
+  out = cli_in_process.run(["train", f"--config=clip:data=web:{root},model=micro,batch=32,epochs=2",
+                            "--config.log.progress=False", f"--workdir={tmp_path / 'run'}"], cwd=ROOT)
   assert out.returncode == 3, out.stderr[-3000:]                     # data (ncjax.errors)
   line = _one_line(out)
   assert shard in line and "changed since this run listed it" in line, line

@@ -1,5 +1,6 @@
-"""`ncjax train` on img2dataset output (input.dataset='web:ROOT'): streamed, stopped and resumed bitwise; indexed,
-with NCR's caption-shuffle noise computed on demand; a mixture of two datasets with resampled shards."""
+"""`ncjax train` on img2dataset output (input.dataset='web:ROOT'): a mixture of two datasets with resampled shards,
+streamed, stopped and resumed bitwise, and refused a resume once a shard was rewritten; indexed, with NCR's
+caption-shuffle noise computed on demand."""
 
 import jax
 import numpy as np
@@ -7,7 +8,6 @@ import pytest
 
 from helpers import tiny_clip_config
 from ncjax import train
-from ncjax.data.web import dataset as web
 from ncjax.data.web import decode as web_decode
 from ncjax.data.web import index as web_index
 from ncjax.data.web import synthetic as web_synthetic
@@ -16,9 +16,11 @@ from ncjax.data.web import synthetic as web_synthetic
 @pytest.fixture(scope="module")
 def webdata(tmp_path_factory):
   base = tmp_path_factory.mktemp("webtrain")
-  roots = [str(base / "a"), str(base / "b")]
+  # the mixture (b and c) holds as many pairs as a: every run here has 20 steps an epoch, the steps' one compile
+  roots = [str(base / "a"), str(base / "b"), str(base / "c")]
   web_synthetic.write_img2dataset(roots[0], 640, per_shard=80, image_size=24, pool=16, corrupt_images=(7,))
   web_synthetic.write_img2dataset(roots[1], 320, per_shard=80, image_size=24, pool=16, seed=1)
+  web_synthetic.write_img2dataset(roots[2], 320, per_shard=80, image_size=24, pool=16, seed=2)
   return roots
 
 
@@ -32,20 +34,35 @@ def _assert_equal(a, b):
     np.testing.assert_array_equal(x, y)
 
 
-def test_streamed_web_training_resumes_bitwise(webdata, tmp_path):
-  cfg = _config(f"web:{webdata[0]}", **{"input.web.mode": "stream"})
-  full = train.train(cfg, str(tmp_path / "a"))
+def test_a_streamed_resampled_mixture_resumes_bitwise_and_not_after_a_shard_was_rewritten(webdata, tmp_path):
+  # one streamed run of a two-dataset mixture (resampled shards, weighted 1:3) answers three claims: its composition,
+  # its resume (bitwise), and a resume refused once a shard it read was rewritten in place of the same name
+  import os
+  import shutil
+  from ncjax import errors
+  first = str(tmp_path / "c")   # (a copy: a shard of it is rewritten below)
+  shutil.copytree(webdata[2], first)
+  cfg = _config(f"web:{first}::{webdata[1]}", **{"input.web.weights": "1::3", "input.web.mode": "stream",
+                                                  "input.web.resample": True, "input.web.mix_block": 32})
+  full = train.train(cfg, str(tmp_path / "full"))
   data = full.experiment.train_data
-  assert data.mode == "stream" and data.num_examples == 640 and data.steps_per_epoch == 20
-  train.train(cfg, str(tmp_path / "b"), until=2)
-  resumed = train.train(cfg, str(tmp_path / "b"))
+  assert data.mode == "stream" and data.num_examples == 640 and int(full.state["step"]) == 4
+  comp = data.iterator_state(4)["composition"]
+  assert [c["pairs_read"] for c in comp.values()] == [32, 96]
+  train.train(cfg, str(tmp_path / "resumed"), until=2)
+  shutil.copytree(tmp_path / "resumed", tmp_path / "resumed_after_rewrite")   # the same checkpoint at step 2
+  resumed = train.train(cfg, str(tmp_path / "resumed"))
   assert int(resumed.state["step"]) == 4
   _assert_equal(full.state, resumed.state)
+  # the same count of pairs, captions rotated (a re-crawl): before 2026-11-26 the resume trained on them, exit 0
+  web_synthetic.write_img2dataset(str(tmp_path / "other"), 320, per_shard=80, image_size=24, pool=16, seed=7)
+  shutil.copy(os.path.join(tmp_path / "other", "00002.tar"), os.path.join(first, "00002.tar"))
+  with pytest.raises(errors.CheckpointError, match=r"cannot resume .*00002.tar changed \(size:version then"):
+    train.train(cfg, str(tmp_path / "resumed_after_rewrite"))
 
 
-def test_indexed_web_training_with_on_demand_noise_and_a_resampled_mixture(webdata, tmp_path):
-  for root in webdata:
-    web_index.build_index(root, workers=1)
+def test_indexed_web_training_with_on_demand_noise(webdata, tmp_path):
+  web_index.build_index(webdata[0], workers=1)
   cfg = _config(f"web:{webdata[0]}", **{"noise.kind": "caption_shuffle", "noise.ratio": 0.4})
   result = train.train(cfg, str(tmp_path / "noisy"))
   data = result.experiment.train_data
@@ -69,27 +86,6 @@ def test_indexed_web_training_with_on_demand_noise_and_a_resampled_mixture(webda
       np.testing.assert_array_equal(batch["tokens"][k], tokens)
       shown_noisy += partner != gid
   assert shown_noisy >= 20
-  mixed = _config(f"web:{webdata[0]}::{webdata[1]}", **{"input.web.weights": "1::3", "input.web.mode": "stream",
-                                                          "input.web.resample": True, "input.web.mix_block": 32})
-  result = train.train(mixed, str(tmp_path / "mix"))
-  comp = result.experiment.train_data.iterator_state(4)["composition"]
-  assert [c["pairs_read"] for c in comp.values()] == [32, 96]
-
-
-def test_a_streamed_run_resumed_after_a_shard_was_rewritten_stops_with_one_line_naming_it(webdata, tmp_path):
-  import os
-  import shutil
-  from ncjax import errors
-  root = str(tmp_path / "copy")
-  shutil.copytree(webdata[1], root, ignore=shutil.ignore_patterns(web_index.INDEX_DIRNAME))
-  cfg = _config(f"web:{root}", **{"input.web.mode": "stream"})
-  train.train(cfg, str(tmp_path / "run"), until=2)
-  # the same count of pairs, captions rotated (a re-crawl): before 2026-11-26 the resume trained on them, exit 0
-  tar = os.path.join(root, "00002.tar")
-  web_synthetic.write_img2dataset(str(tmp_path / "other"), 320, per_shard=80, image_size=24, pool=16, seed=7)
-  shutil.copy(os.path.join(tmp_path / "other", "00002.tar"), tar)
-  with pytest.raises(errors.CheckpointError, match=r"cannot resume .*00002.tar changed \(size:version then"):
-    train.train(cfg, str(tmp_path / "run"))
 
 
 @pytest.mark.slow   # (make test keeps tests/data/test_web_io.py's SkipGuard test; this is the same through train)
