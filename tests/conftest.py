@@ -11,24 +11,13 @@ import os
 ACCELERATOR = os.environ.get("NCJAX_TEST_ACCELERATOR", "0") == "1"
 if not ACCELERATOR:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One persistent compilation cache per test run, shared by its workers and the single-process runs they start: the
-# suite is compile-bound and the workers and CLI runs compile many of the same programs (a rerun of the FSDP and
-# sharded-step tests against a warm cache: 47 s -> 29 s). It starts empty (a directory made for this run, removed at
-# its end), so a run never depends on an earlier one. The controller makes it before xdist starts its workers,
-# which inherit it. (jaxlib 0.10.2: an FSDP step loaded from the cache runs; an earlier jaxlib hung in XLA:CPU's
-# in-process collectives there.) Runs of several processes keep it off (tests/multiprocess.py): their collectives
-# go through the distributed runtime, never checked with cached programs.
-if not ACCELERATOR:
-  import tempfile
-
-  if "NCJAX_TEST_COMPILE_CACHE" not in os.environ:
-    os.environ["NCJAX_TEST_COMPILE_CACHE"] = tempfile.mkdtemp(prefix="ncjax-test-compile-cache-")
-    OWN_COMPILE_CACHE = os.environ["NCJAX_TEST_COMPILE_CACHE"]   # made by this process: removed at its end
-  os.environ.update(JAX_ENABLE_COMPILATION_CACHE="true",
-                    JAX_COMPILATION_CACHE_DIR=os.environ["NCJAX_TEST_COMPILE_CACHE"],
-                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-else:
-  os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+# No persistent compilation cache: tests/shared_programs.py keeps each worker's programs in memory, and a disk cache
+# in front of it would load every repeat from disk again (a new executable, new memory maps); with it, a step with
+# FSDP all-gathers loaded from the cache hung in an earlier jaxlib's in-process collectives.
+os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+# Reference computations (numpy, scikit-learn) on one BLAS thread: the workers already take every core, and two
+# OpenBLAS threads per worker made scikit-learn's fits ~100x slower (the linear probe's: 39 s -> 0.3 s).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # The suite is compile-bound (tiny models, a few steps each), so it compiles for compile speed: LLVM's optimisation
 # level 0 (~25% faster compiles) and XLA:CPU's older loop emitters instead of its MLIR fusion emitters (test_trainer.py
 # 117 s -> 93-104 s); the programs still run in milliseconds. Inherited by the CLI subprocesses; benchmarks and real
@@ -68,13 +57,6 @@ LONGEST_FIRST = ("test_chaos.py", "test_object_store.py", "test_multiprocess_eva
                  "test_cli.py", "test_sweep_cli.py",
                  "test_eval_suite.py", "test_audit.py", "test_web_audit.py", "test_bad_inputs.py", "test_multihost.py", "test_pretrained_runs.py",
                  "test_concept_unlearning.py", "test_gsc_bayes_methods.py", "test_ncu_method.py")
-
-
-def pytest_unconfigure(config):
-  own = globals().get("OWN_COMPILE_CACHE")
-  if own and not hasattr(config, "workerinput"):   # the process that made the cache, after its workers ended
-    import shutil
-    shutil.rmtree(own, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

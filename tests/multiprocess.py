@@ -20,6 +20,7 @@ def free_port() -> int:
 
 def env(extra: dict | None = None) -> dict:
   out = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  out["JAX_ENABLE_COMPILATION_CACHE"] = "false"   # tests/conftest.py
   out.update(extra or {})
   return out
 
@@ -41,9 +42,7 @@ def start(args: list[str], *, processes: int = 2, devices: int = 4, log_dir: str
   procs = []
   for i, cmd in enumerate(commands(args, processes, devices, heartbeat_timeout)):
     log = open(os.path.join(log_dir, f"process_{i}.log"), "a")
-    # several processes: no compilation cache (tests/conftest.py); one process shares the test run's
-    run_env = env(extra_env) if processes == 1 else env({"JAX_ENABLE_COMPILATION_CACHE": "false", **(extra_env or {})})
-    procs.append(subprocess.Popen(cmd, cwd=ROOT, env=run_env, stdout=log, stderr=subprocess.STDOUT,
+    procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env(extra_env), stdout=log, stderr=subprocess.STDOUT,
                                   text=True))
     log.close()
   return procs
