@@ -193,9 +193,14 @@ def load_model(spec: str, *, attention: str = "auto", dtype: str = "float32"):
     tokenizer = tokenizers.ClipBpeTokenizer(context_length=cfg.context_length)
   else:   # big_vision: the SentencePiece model beside the checkpoint
     tokenizer = tokenizers.build_tokenizer([], context_length=cfg.context_length, kind=cfg.tokenizer)
-  module = models.build_two_tower(models.ModelSpec.from_config(cfg), vocab_size=cfg.vocab_size,
-                                  eot_id=tokenizer.eot_id)
-  bound = PretrainedModel(module, jax.tree.map(np.asarray, params), cfg)
+  from flax import nnx
+  # built abstractly, then given the checkpoint's weights: a random initialisation would be thrown away (for the
+  # tiny test models, its eager ops cost ~2 s per load; for ViT-B/32, 150M random numbers)
+  abstract = nnx.eval_shape(lambda: models.build_two_tower(models.ModelSpec.from_config(cfg),
+                                                           vocab_size=cfg.vocab_size, eot_id=tokenizer.eot_id))
+  params = jax.tree.map(np.asarray, params)
+  module = nnx.merge(nnx.split(abstract, nnx.Param)[0], params)
+  bound = PretrainedModel(module, params, cfg)
   pre = model_config.preprocess
 
   def preprocess(image):

@@ -105,8 +105,12 @@ def test_linear_probe_jax_matches_sklearn_on_digits():
   xte = te.images[..., 0].reshape(len(te.images), -1)
   a, b = lp.train_val_split(len(xtr))
   ours = lp.linear_probe(xtr[a], tr.image_labels[a], xtr[b], tr.image_labels[b], xte, te.image_labels, 10)
-  ref = lp.linear_probe(xtr[a], tr.image_labels[a], xtr[b], tr.image_labels[b], xte, te.image_labels, 10,
-                        protocol="sklearn")
+  from threadpoolctl import threadpool_limits
+  # scikit-learn's L-BFGS on one BLAS thread: its 64 x 10 products are far too small to split, and two OpenBLAS
+  # threads spinning on a loaded 2-core machine took 39 s for the sweep's fits (one thread: 0.3 s)
+  with threadpool_limits(limits=1, user_api="blas"):
+    ref = lp.linear_probe(xtr[a], tr.image_labels[a], xtr[b], tr.image_labels[b], xte, te.image_labels, 10,
+                          protocol="sklearn")
   assert ours["coarse_C"] == ref["coarse_C"]
   assert abs(ours["lp_acc1"] - ref["lp_acc1"]) <= 0.005
   assert ours["lp_acc1"] > 0.9

@@ -3,6 +3,7 @@ errors a wrong file gets. Reference models are random-initialised locally (tests
 
 import json
 import os
+import types
 
 import numpy as np
 import pytest
@@ -41,9 +42,22 @@ def _assert_close(ours, ref, tol=TOL):
     np.testing.assert_allclose(a, b, atol=tol, rtol=0)
 
 
+@pytest.fixture(scope="module")
+def quick_gelu_clip(tmp_path_factory):
+  """The tiny quick-GELU open_clip model most tests import, built once: the model, its plain state dict saved as
+  a .pt file (one path, so pretrained.load's cache reads it once), the inputs and open_clip's embeddings of them.
+  The tests only read it."""
+  ref = rm.make_open_clip(rm.tiny_open_clip_cfg(True))
+  path = str(tmp_path_factory.mktemp("quick_gelu_clip") / "m.pt")
+  torch.save(ref.state_dict(), path)
+  images, tokens = rm.images_and_tokens()
+  return types.SimpleNamespace(ref=ref, path=path, images=images, tokens=tokens,
+                               embeddings=_open_clip_embeddings(ref, images, tokens))
+
+
 @pytest.mark.parametrize("quick_gelu,fmt", [(True, "openai"), (False, "open_clip")])
-def test_open_clip_state_dict_parity(tmp_path, quick_gelu, fmt):
-  ref = rm.make_open_clip(rm.tiny_open_clip_cfg(quick_gelu))
+def test_open_clip_state_dict_parity(tmp_path, quick_gelu, fmt, quick_gelu_clip):
+  ref = quick_gelu_clip.ref if quick_gelu else rm.make_open_clip(rm.tiny_open_clip_cfg(False))
   path = str(tmp_path / "model.pt")
   torch.save({"state_dict": {f"module.{k}": v for k, v in ref.state_dict().items()}, "epoch": 3}, path)  # DDP ckpt
   images, tokens = rm.images_and_tokens()
@@ -52,9 +66,8 @@ def test_open_clip_state_dict_parity(tmp_path, quick_gelu, fmt):
   assert model.config.act == ("quick_gelu" if quick_gelu else "gelu") and tok.kind == "clip_bpe"
 
 
-def test_openai_torchscript_archive(tmp_path):
-  ref = rm.make_open_clip(rm.tiny_open_clip_cfg(True))
-  images, tokens = rm.images_and_tokens()
+def test_openai_torchscript_archive(tmp_path, quick_gelu_clip):
+  ref, images, tokens = quick_gelu_clip.ref, quick_gelu_clip.images, quick_gelu_clip.tokens
 
   class Visual(torch.nn.Module):   # an archive with OpenAI's module names (visual.*, transformer.*, ...)
     def __init__(self, m):
@@ -69,7 +82,7 @@ def test_openai_torchscript_archive(tmp_path):
 
   path = str(tmp_path / "ViT-tiny.pt")
   torch.jit.trace(Visual(ref), (rm.torch_nchw(images),), check_trace=False).save(path)
-  _assert_close(_ours(f"openai:{path}", images, tokens)[:2], _open_clip_embeddings(ref, images, tokens))
+  _assert_close(_ours(f"openai:{path}", images, tokens)[:2], quick_gelu_clip.embeddings)
 
 
 def test_open_clip_folder_with_config_head_width_and_safetensors(tmp_path):
@@ -89,13 +102,11 @@ def test_open_clip_folder_with_config_head_width_and_safetensors(tmp_path):
   assert preprocess(np.zeros((40, 60, 3), np.uint8)).shape == (32, 32, 3)
 
 
-def test_open_clip_name_in_the_spec_sets_activation_and_head_width(tmp_path):
-  ref = rm.make_open_clip(rm.tiny_open_clip_cfg(True))
+def test_open_clip_name_in_the_spec_sets_activation_and_head_width(tmp_path, quick_gelu_clip):
   path = str(tmp_path / "w.bin")
-  torch.save(ref.state_dict(), path)
-  images, tokens = rm.images_and_tokens()
-  _assert_close(_ours(f"open_clip:ViT-B-32-quickgelu:{path}", images, tokens)[:2],
-                _open_clip_embeddings(ref, images, tokens))
+  torch.save(quick_gelu_clip.ref.state_dict(), path)
+  _assert_close(_ours(f"open_clip:ViT-B-32-quickgelu:{path}", quick_gelu_clip.images, quick_gelu_clip.tokens)[:2],
+                quick_gelu_clip.embeddings)
   gelu, _ = pretrained.load(f"open_clip:{path}")   # open_clip's default activation without the name
   assert gelu.act == "gelu"
 
@@ -177,12 +188,9 @@ def test_meru_checkpoint_mapping_and_geometry(tmp_path, hyperbolic):
     assert conf.geometry == "sphere" and "geometry" not in params
 
 
-def test_bf16_compute_stays_within_tolerance(tmp_path):
-  ref = rm.make_open_clip(rm.tiny_open_clip_cfg(True))
-  path = str(tmp_path / "m.pt")
-  torch.save(ref.state_dict(), path)
-  images, tokens = rm.images_and_tokens()
-  conf, params = pretrained.load(f"openai:{path}")
+def test_bf16_compute_stays_within_tolerance(quick_gelu_clip):
+  images, tokens = quick_gelu_clip.images, quick_gelu_clip.tokens
+  conf, params = pretrained.load(f"openai:{quick_gelu_clip.path}")
   import jax
   import ml_collections
   from flax import nnx
@@ -190,11 +198,13 @@ def test_bf16_compute_stays_within_tolerance(tmp_path):
   cfg = ml_collections.ConfigDict(dict(pretrained.loading._config_defaults(), **{k: v for k, v in conf.items()
                                                                         if k != "preprocess"}))
   cfg.dtype = "bfloat16"
-  module = models.build_two_tower(models.ModelSpec.from_config(cfg), vocab_size=cfg.vocab_size, eot_id=49407)
+  # built abstractly: only its structure is used, the checkpoint's parameters go in (a random init costs ~4 s)
+  module = nnx.eval_shape(lambda: models.build_two_tower(models.ModelSpec.from_config(cfg), vocab_size=cfg.vocab_size,
+                                                         eot_id=49407))
   gd, _ = nnx.split(module, nnx.Param)
   img = np.asarray(jax.jit(lambda p, x: nnx.merge(gd, p).encode_image(x))(params, images))
   txt = np.asarray(jax.jit(lambda p, t: nnx.merge(gd, p).encode_text(t))(params, tokens))
-  ri, rt = _open_clip_embeddings(ref, images, tokens)
+  ri, rt = quick_gelu_clip.embeddings
   assert img.dtype == np.float32
   # bf16 towers: embeddings within 1e-2 of open_clip's float32 (measured 1.7e-3 / 3.1e-3), cosines above 0.9999 —
   # and not equal to them to float32 rounding (the float32 import is within 1e-4, measured ~3e-7): bf16 was used
@@ -204,11 +214,8 @@ def test_bf16_compute_stays_within_tolerance(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["open_clip", "hf"])
-def test_export_round_trips_through_open_clip_and_transformers(tmp_path, fmt):
-  ref = rm.make_open_clip(rm.tiny_open_clip_cfg(True))
-  path = str(tmp_path / "m.pt")
-  torch.save(ref.state_dict(), path)
-  images, tokens = rm.images_and_tokens()
+def test_export_round_trips_through_open_clip_and_transformers(tmp_path, fmt, quick_gelu_clip):
+  path, images, tokens = quick_gelu_clip.path, quick_gelu_clip.images, quick_gelu_clip.tokens
   conf, params = pretrained.load(f"openai:{path}")
   out = str(tmp_path / f"export_{fmt}")
   pretrained.export(params, conf, out, fmt)
@@ -235,9 +242,8 @@ def test_exporting_a_lorentz_or_word_tokenized_model_is_refused(tmp_path):
                       "hf", tokenizer_kind="word")
 
 
-def test_bad_files_get_errors_naming_the_problem(tmp_path):
-  ref = rm.make_open_clip(rm.tiny_open_clip_cfg(True))
-  sd = {k: v.clone() for k, v in ref.state_dict().items()}
+def test_bad_files_get_errors_naming_the_problem(tmp_path, quick_gelu_clip):
+  sd = {k: v.clone() for k, v in quick_gelu_clip.ref.state_dict().items()}
   good = str(tmp_path / "good.safetensors")
   from safetensors.torch import save_file
   save_file({k: v.contiguous() for k, v in sd.items()}, good)
