@@ -1,5 +1,8 @@
 """Configs by name (package data, found from any directory), paths to config files, and one-line errors for a
-misspelt config argument or `--config.KEY` override."""
+misspelt config argument or `--config.KEY` override.
+
+The CLI cases run its `main(argv)` in this process (tests/cli_in_process.py), the misspelt override through a real
+`python -m ncjax.main` as well: stderr holding that one line and nothing else is a property of the process."""
 
 import os
 import subprocess
@@ -7,11 +10,16 @@ import sys
 
 import pytest
 
+import cli_in_process
 from helpers import ROOT
 from ncjax import config_lib
 
 
 def _cli(*args, cwd):
+  return cli_in_process.run(list(args), cwd=str(cwd))
+
+
+def _real_cli(*args, cwd):
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, "-m", "ncjax.main", *args], cwd=cwd, capture_output=True, text=True,
                         timeout=120, env=env)
@@ -67,12 +75,13 @@ def test_cli_finds_configs_by_name_from_another_directory_and_errors_in_one_line
   assert out.returncode == 2 and out.stderr.strip() == "ncjax: error: --workdir is required", out.stderr[-2000:]
   out = _cli("eval", "--config=configs/clip.py:model=micro", cwd=tmp_path)
   assert out.returncode == 2 and "ncjax: error: eval needs --checkpoints" in out.stderr, out.stderr[-2000:]
-  # a misspelt override: one line naming the key and the closest known ones (was a 40-line traceback)
-  out = _cli("train", "--config=clip", "--config.optim.lrr=4", "--workdir=x", cwd=tmp_path)
-  assert out.returncode == 2
-  assert out.stderr.strip().splitlines() == [
-      "ncjax: error: --config.optim.lrr: the config has no key 'optim.lrr'; closest known keys: optim.lr, "
-      + ", ".join(config_lib.closest_keys(config_lib.load_config_file("clip"), "optim.lrr")[1:])]
+  # a misspelt override: one line naming the key and the closest known ones (was a 40-line traceback), in this
+  # process and from a real one
+  expected = ["ncjax: error: --config.optim.lrr: the config has no key 'optim.lrr'; closest known keys: optim.lr, "
+              + ", ".join(config_lib.closest_keys(config_lib.load_config_file("clip"), "optim.lrr")[1:])]
+  for cli in (_cli, _real_cli):
+    out = cli("train", "--config=clip", "--config.optim.lrr=4", "--workdir=x", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == expected, (cli.__name__, out.stderr[-2000:])
   # a misspelt k=v argument and an unknown config name: one line each
   for spec, expected in (("clip:modle=tiny", "unknown config argument 'modle'"),
                          ("clipp:model=tiny", "no shipped config 'clipp'")):

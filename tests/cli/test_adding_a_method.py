@@ -1,15 +1,16 @@
 """Adding a method = its losses + a Method + a config, and nothing else: a method written outside ncjax
 (tests/plugins/toy_plugin.py and toy_config.py) trains through `ncjax train` with every default evaluator, periodic
-and final, and runs as an NC-bench row, without an edit to any ncjax module."""
+and final, and is an NC-bench row (its cell's config and its table row; trained as a row end to end: `slow`),
+without an edit to any ncjax module. `ncjax train` runs as its `main(argv)` in this process
+(tests/cli_in_process.py; the entry point's own process: tests/cli/test_errors.py)."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+import cli_in_process
 from helpers import ROOT
 
 PLUGIN = os.path.join(ROOT, "tests", "plugins", "toy_plugin.py")
@@ -17,11 +18,9 @@ CONFIG = os.path.join(ROOT, "tests", "plugins", "toy_config.py")
 
 
 def test_a_plugin_method_trains_through_the_cli_with_periodic_and_final_evaluation(tmp_path):
-  args = [sys.executable, "-m", "ncjax.main", "train", f"--plugins={PLUGIN}", f"--config={CONFIG}:batch=64",
-          f"--workdir={tmp_path}", "--cpu_devices=8", "--config.total_steps=4", "--config.log.progress=False",
-          "--config.evals.noise_detection.every_steps=2"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+  out = cli_in_process.run(["train", f"--plugins={PLUGIN}", f"--config={CONFIG}:batch=64", f"--workdir={tmp_path}",
+                            "--cpu_devices=8", "--config.total_steps=4", "--config.log.progress=False",
+                            "--config.evals.noise_detection.every_steps=2"], cwd=ROOT)
   assert out.returncode == 0, out.stderr[-3000:]
   final = json.loads((tmp_path / "eval" / "step_4.json").read_text())
   assert final["method"] == "toy_hinge" and set(final["results"]) == {"zeroshot", "retrieval", "noise_detection"}
@@ -51,14 +50,42 @@ def test_a_plugin_method_trains_through_the_cli_with_periodic_and_final_evaluati
   assert final["results"]["noise_detection"]["auc"] == pytest.approx(roc_auc_score(clean, -hinge), abs=1e-9)
 
 
+BENCH = "methods=toy_hinge,noise=0.4,seeds=1,epochs=1,batch=64,model=micro,reference="
+
+
 def test_a_plugin_method_is_an_nc_bench_row(tmp_path):
+  """Its row, without training (trained end to end: the slow test below; the bench's runner, records, table and
+  plots for every method alike: tests/cli/test_ncbench.py): NC-bench lists the plugin's row, builds each cell's run
+  config from the plugin's config file with the bench's data, noise, budget, model and seed (each unlike the
+  config's own default), and tabulates its records."""
   from ncjax import config_lib
   from ncjax.cli import main, ncbench
   main.load_plugins([PLUGIN])
   assert "toy_hinge" in ncbench.methods() and "symmetric hinge" in ncbench.legend(["toy_hinge"])
-  cfg = config_lib.load_config_file("ncbench", "methods=toy_hinge,noise=0.4,seeds=1,epochs=1,batch=64,model=micro,"
-                                                 "reference=")
-  out = ncbench.run(cfg, str(tmp_path), log=lambda line: None)
+  bench = config_lib.load_config_file(
+      "ncbench", "methods=toy_hinge,noise=0.2,seeds=2,epochs=3,batch=32,model=tiny,reference=").bench
+  cells = ncbench.cells_of(bench)
+  assert [(c.method, c.noise, c.seed) for c in cells] == [("toy_hinge", 0.2, 0), ("toy_hinge", 0.2, 1)]
+  for cell in cells:
+    cfg = ncbench.cell_config(bench, cell, str(tmp_path))
+    assert (cfg.method.name, cfg.loss.margin, cfg.input.dataset, cfg.noise.ratio) == ("toy_hinge", 0.2, "digits", 0.2)
+    assert (cfg.num_epochs, cfg.input.global_batch_size, cfg.model.size) == (3, 32, "tiny")
+    assert (cfg.seed, cfg.noise.seed, cfg.input.shuffle_seed) == (cell.seed,) * 3
+    assert set(cfg.evals) == {"zeroshot", "retrieval", "noise_detection"}
+  records = [dict(method="toy_hinge", noise=0.2, seed=seed, noise_sha256="0", steps_per_epoch=44, seconds=1.0,
+                  metrics={"zeroshot/acc1": 0.5, "retrieval/rsum": 100.0, "noise_detection/auc": auc})
+             for seed, auc in ((0, 0.7), (1, 0.8))]
+  table = ncbench.format_markdown(ncbench.aggregate(records), bench.reference)
+  assert any(line.split("|")[1].strip() == "toy_hinge" and "0.750 ± 0.050" in line for line in table.splitlines()), \
+      table
+
+
+@pytest.mark.slow
+def test_a_plugin_method_trains_as_an_nc_bench_row(tmp_path):
+  from ncjax import config_lib
+  from ncjax.cli import main, ncbench
+  main.load_plugins([PLUGIN])
+  out = ncbench.run(config_lib.load_config_file("ncbench", BENCH), str(tmp_path), log=lambda line: None)
   (record,) = out["records"]
   assert record["method"] == "toy_hinge" and record["steps_per_epoch"] == 1438 // 64
   assert {"zeroshot/acc1", "retrieval/rsum", "noise_detection/auc"} <= set(record["metrics"])

@@ -61,16 +61,28 @@ def test_eval_all_checkpoints_sharded_equals_single_device(tmp_path):
 
 
 def test_restored_sharded_checkpoint_embeds_identically_on_8_and_1_devices(tmp_path, devices):
+  import jax
+  from helpers import leaves
   from ncjax.evals import common
-  cfg = tiny_clip_config(total_steps=2, **{"mesh.fsdp": 2})
-  train.train(cfg, str(tmp_path))
+  # An FSDP-sharded checkpoint, written without a training step (what is checked is the restore, not training),
+  # of parameters moved off their initial values: a restore that initialised instead is caught below.
+  trainer = train.Trainer(tiny_clip_config(total_steps=2, **{"mesh.fsdp": 2}), str(tmp_path))
+  state, span = trainer.restore_or_init()
+  state["params"] = jax.tree.map(lambda x: x + 0.01, state["params"])
+  trainer.save(state, 0, span, force=True)
+  trainer.checkpointer.wait()
+  saved = leaves(state["params"])
   out = {}
   for n in (8, 1):
     c = tiny_clip_config(total_steps=2, **{"mesh.fsdp": 2 if n == 8 else 1})
     trainer = train.Trainer(c, str(tmp_path), devices=devices[:n])
     state, _ = trainer.restore_or_init()
     if n == 8:
-      assert any("fsdp" in str(x.sharding.spec) for x in __import__("jax").tree.leaves(state["params"]))
+      assert any("fsdp" in str(x.sharding.spec) for x in jax.tree.leaves(state["params"]))
+    restored = leaves(state["params"])
+    assert restored.keys() == saved.keys()
+    for key, value in saved.items():
+      np.testing.assert_array_equal(restored[key], value, err_msg=key)
     em = trainer.exp.method.eval_model(state["params"])
     split = trainer.exp.train_data.split
     out[n] = (common.embed_images(em, split.images[:64], 64, trainer.exp.mesh),
@@ -81,26 +93,30 @@ def test_restored_sharded_checkpoint_embeds_identically_on_8_and_1_devices(tmp_p
 
 def test_eval_on_other_data_keeps_the_runs_state_and_its_own_results(tmp_path, built, monkeypatch):
   # A GSC run (per-example labels sized by its 1,438 training pairs) evaluated on another built dataset of 15
-  # pairs: the state is restored with the run's own config, the results go to eval/<dataset>, not over eval/.
+  # pairs: the state is restored with the run's own config, the results go to eval/<dataset>, not over eval/. Its
+  # checkpoint is its step 0, written without a training step (the state's shapes and the restore are what is checked).
   from helpers import make_config
   from ncjax import evaluation
   cfg = make_config("gsc", "noise=0.4,batch=64,epochs=1", total_steps=2)
   with cfg.unlocked():
     cfg.evals = {"retrieval": dict(type="retrieval", plot=False)}
   workdir = tmp_path / "run"
-  train.train(cfg, str(workdir))
+  trainer = train.Trainer(cfg, str(workdir))
+  state, span = trainer.restore_or_init()
+  trainer.save(state, 0, span, force=True)
+  trainer.checkpointer.wait()
   other = cfg.copy_and_resolve_references()
   with other.unlocked():
     other.input.dataset, other.input.data_dir = "tfds:karpathy/flickr30k", built["data_dir"]
   spy = recompute.ScoreSpy(monkeypatch)
-  results, meta = evaluation.evaluate_checkpoint(other, str(workdir), 2)
+  results, meta = evaluation.evaluate_checkpoint(other, str(workdir), 0)
   assert meta["method"] == "gsc"
   # Retrieval on the other data's 2 test images and 13 captions: the scores it ranked are the restored
   # checkpoint's own embeddings of that split (computed here), and its metrics are recomputed from them.
-  em, img, txt, split, _, _ = recompute.checkpoint_embeddings(workdir, 2, input_config=other.input)
+  em, img, txt, split, _, _ = recompute.checkpoint_embeddings(workdir, 0, input_config=other.input)
   assert (split.num_images, split.num_captions) == (2, 13)
   ranked = spy.of_shape((2, 13))
   np.testing.assert_allclose(ranked, img @ txt.T, atol=1e-5)
   recompute.assert_recall_matches(results["retrieval"], ranked, split.caption_to_image)
-  out = json.loads((workdir / "eval" / "tfds_karpathy_flickr30k_tfds" / "step_2.json").read_text())
-  assert out["dataset"] == "tfds:karpathy/flickr30k" and not (workdir / "eval" / "step_2.json").exists()
+  out = json.loads((workdir / "eval" / "tfds_karpathy_flickr30k_tfds" / "step_0.json").read_text())
+  assert out["dataset"] == "tfds:karpathy/flickr30k" and not (workdir / "eval" / "step_0.json").exists()

@@ -1,13 +1,17 @@
-"""`ncjax sweep` through the CLI, in subprocesses: a micro sweep on digits with 2 seeds (`make test`: 2 learning
-rates, 4 runs; `make test-all` also the 2 x 2 grid, 8 runs) whose array-job task (`--index`) runs exactly its own
-point and whose full run skips it; results, plots, HParams and best.json chosen on the held-out validation part;
-another sweep in the same workdir refused; each bad input one line with nothing run. `slow`: SIGKILL mid-sweep and
-a bitwise resume, two `--shard` processes against one process, and the best point's command re-run.
+"""`ncjax sweep` through the CLI: a micro sweep on digits (`make test`: 2 learning rates x 1 seed, 2 runs; `make
+test-all`: 2 learning rates x 2 seeds, 4 runs, and the 2 x 2 grid with 2 seeds, 8 runs) whose array-job task
+(`--index`) runs exactly its own point and whose full run skips it; results, plots, HParams and best.json chosen on
+the held-out validation part; another sweep in the same workdir refused; each bad input one line with nothing run;
+the seeds a run's config takes. `slow`: SIGKILL mid-sweep and a bitwise resume, two `--shard` processes against one
+process, and the best point's command re-run.
 
-The subprocesses run `ncjax.main` behind tests/shared_programs.py (the suite's in-memory compile cache; the CLI
-path is the same), so a program that several runs share compiles once per sweep process."""
+`make test`'s sweeps run the CLI's `main(argv)` in the test's process (tests/cli_in_process.py) on its 8 devices,
+where the programs the runs share compile once; one bad input goes through a real `python -m ncjax.main` for the
+entry point's own exit. The slow tests' sweeps run in subprocesses on one device (a SIGKILL needs a process of its
+own; their reference sweep is the one they compare with bitwise), `ncjax.main` behind tests/shared_programs.py (the
+suite's in-memory compile cache; the CLI path is the same), so a program that several runs share compiles once per
+sweep process."""
 
-import concurrent.futures as cf
 import csv
 import json
 import os
@@ -21,31 +25,42 @@ import time
 import numpy as np
 import pytest
 
+import cli_in_process
 import multiprocess
 from helpers import ROOT
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = (f"import sys; sys.path.insert(0, {TESTS!r}); import shared_programs; shared_programs.install(); "
           "from ncjax import main; main.run()")
-# The grid: optim.lr x noise.ratio, 2 seeds; micro CLIP, 3 steps of 64 pairs, checkpoints every step; retrieval on
-# the test split (and its twin on the validation part); no other evaluator.
-CONFIG = ["--config=clip:model=micro,noise=0.4,batch=64", "--config.total_steps=3", "--config.ckpt.every_steps=1",
-          "--config.ckpt.async_save=False", "--config.evals.zeroshot.enabled=False",
+# The grid: optim.lr x noise.ratio, 2 seeds; micro CLIP, 3 steps of 64 pairs, checkpoints every step (the SIGKILL
+# test kills a run after its first); retrieval on the test split (and its twin on the validation part); no other
+# evaluator.
+STEPS = 3
+CONFIG = ["--config=clip:model=micro,noise=0.4,batch=64", f"--config.total_steps={STEPS}",
+          "--config.ckpt.every_steps=1", "--config.ckpt.async_save=False", "--config.evals.zeroshot.enabled=False",
           "--config.evals.noise_detection.enabled=False",
           "--config.log.progress=False"]
-# `make test` sweeps 2 learning rates x 2 seeds (4 runs); `make test-all` adds the 2 x 2 grid (x noise.ratio) with 2
-# seeds (8 runs) for the same checks.
+# `make test`'s in-process sweep: 2 steps, one checkpoint at the end of each run (nothing there is killed).
+FAST_STEPS = 2
+FAST_CONFIG = [f"--config.total_steps={FAST_STEPS}" if a.startswith("--config.total_steps=") else a for a in CONFIG
+               if a != "--config.ckpt.every_steps=1"]
+# `make test` sweeps 2 learning rates x 1 seed (2 runs: what a second seed changes in a run's config is checked
+# without training, in test_bad_inputs_end_in_one_line_and_run_nothing; the table over seeds from records in
+# tests/test_sweep.py); `make test-all` sweeps them with 2 seeds (4 runs), and the 2 x 2 grid (x noise.ratio) with 2
+# seeds (8 runs), for the same checks.
 GRIDS = {"small": ["--sweep=optim.lr=1e-3,3e-3"], "full": ["--sweep=optim.lr=1e-3,3e-3", "--sweep=noise.ratio=0.2,0.4"]}
-SELECT = ["--seeds=2", "--select=retrieval/rsum"]
+SEEDS = 2
+SELECT = ["--select=retrieval/rsum"]
 
 
-def _names(grid: str) -> list[str]:
+def _names(grid: str, seeds: int = SEEDS) -> list[str]:
   ratios = ("_ratio=0.2", "_ratio=0.4") if grid == "full" else ("",)
-  return [f"lr={lr}{r}_seed={s}" for lr in ("0.001", "0.003") for r in ratios for s in (0, 1)]
+  return [f"lr={lr}{r}_seed={s}" for lr in ("0.001", "0.003") for r in ratios for s in range(seeds)]
 
 
-def _args(grid: str) -> list[str]:
-  return ["sweep", *CONFIG, *GRIDS[grid], *SELECT, "--cpu_devices=1"]   # one device: the fastest here
+def _args(grid: str, config=CONFIG, devices=("--cpu_devices=1",), seeds: int = SEEDS) -> list[str]:
+  # one device: the fastest for a process of its own
+  return ["sweep", *config, *GRIDS[grid], f"--seeds={seeds}", *SELECT, *devices]
 
 
 def _command(args):
@@ -57,22 +72,32 @@ def _sweep(args, workdir, timeout=600):
                         capture_output=True, text=True, timeout=timeout)
 
 
+def _sweep_in_process(args, workdir):
+  """The CLI's `main(argv)` here, on the test process's devices (JAX started long ago: no --cpu_devices)."""
+  return cli_in_process.run([*args, f"--workdir={workdir}"], cwd=ROOT)
+
+
 def _records(workdir, names):
   return {n: json.loads(open(os.path.join(workdir, "runs", n, "result.json")).read()) for n in names}
 
 
 class Swept:
-  """A sweep run as an array job's task (--index of its last point), then whole."""
+  """A sweep run as an array job's task (--index of its last point), then whole: in subprocesses on one device, or
+  (`in_process`) in this process on its devices, with FAST_CONFIG."""
 
-  def __init__(self, workdir: str, grid: str):
-    self.workdir, self.grid, self.names, self.args = workdir, grid, _names(grid), _args(grid)
-    self.points = len(self.names) // 2
-    self.task = _sweep([*self.args, f"--index={self.points - 1}"], workdir)
+  def __init__(self, workdir: str, grid: str, in_process: bool = False, seeds: int = SEEDS):
+    self.workdir, self.grid, self.seeds, self.names = workdir, grid, seeds, _names(grid, seeds)
+    self.sweep = _sweep_in_process if in_process else _sweep
+    self.config, self.steps = (FAST_CONFIG, FAST_STEPS) if in_process else (CONFIG, STEPS)
+    self.devices = () if in_process else ("--cpu_devices=1",)
+    self.args = _args(grid, self.config, self.devices, seeds)
+    self.points = len(self.names) // seeds
+    self.task = self.sweep([*self.args, f"--index={self.points - 1}"], workdir)
     assert self.task.returncode == 0, self.task.stderr[-3000:]
     self.ran_by_task = sorted(n for n in os.listdir(os.path.join(workdir, "runs"))
                               if os.path.isfile(os.path.join(workdir, "runs", n, "result.json")))
     self.results_after_task = os.path.exists(os.path.join(workdir, "results.csv"))
-    self.whole = _sweep(self.args, workdir)
+    self.whole = self.sweep(self.args, workdir)
     assert self.whole.returncode == 0, self.whole.stderr[-3000:]
 
   def records(self):
@@ -81,17 +106,23 @@ class Swept:
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-  """The `make test` sweep, for the slow tests to compare with (`make test`'s own test runs it in its test, so that
-  xdist's workers do not each run it)."""
+  """2 learning rates x 2 seeds in subprocesses on one device, for the slow tests to compare with."""
   return Swept(str(tmp_path_factory.mktemp("sweep_small") / "w"), "small")
 
 
 def test_micro_sweep_on_digits_its_array_task_results_best_point_and_one_sweep_per_workdir(tmp_path):
-  swept = Swept(str(tmp_path / "w"), "small")
+  swept = Swept(str(tmp_path / "w"), "small", in_process=True, seeds=1)
   check_index_runs_its_point_and_the_whole_sweep_the_rest_once(swept)
   check_results_table_plots_and_hparams(swept)
   check_best_point_is_chosen_on_the_validation_part_and_its_command_rebuilds_the_run(swept)
   check_another_sweep_in_the_same_workdir_is_refused_and_nothing_runs(swept)
+
+
+@pytest.mark.slow
+def test_2_learning_rates_with_2_seeds(small):
+  check_index_runs_its_point_and_the_whole_sweep_the_rest_once(small)
+  check_results_table_plots_and_hparams(small)
+  check_best_point_is_chosen_on_the_validation_part_and_its_command_rebuilds_the_run(small)
 
 
 @pytest.mark.slow
@@ -103,22 +134,23 @@ def test_a_2x2_grid_with_2_seeds(tmp_path):
 
 
 def check_index_runs_its_point_and_the_whole_sweep_the_rest_once(swept):
-  n, p = len(swept.names), swept.points
-  assert swept.task.stdout.startswith(f"sweep: {p} points x 2 seeds = {n} runs; this invocation: 2 runs of 1 points")
-  assert swept.ran_by_task == swept.names[-2:]      # the last point's two seeds, nothing else
+  n, p, k = len(swept.names), swept.points, swept.seeds
+  assert swept.task.stdout.startswith(f"sweep: {p} points x {k} seeds = {n} runs; this invocation: {k} runs of 1 "
+                                      "points")
+  assert swept.ran_by_task == swept.names[-k:]      # the last point's seeds, nothing else
   assert not swept.results_after_task                # the results are written once every run is finished
   progress = [line for line in swept.whole.stdout.splitlines() if line.startswith("[sweep]")]
-  assert len(progress) == n and sum("done before" in line for line in progress) == 2
+  assert len(progress) == n and sum("done before" in line for line in progress) == k
   assert all(("done before" in line) == (line.split()[2].rstrip(":") in swept.ran_by_task) for line in progress)
   for name, rec in swept.records().items():
     cfg = json.load(open(os.path.join(swept.workdir, "runs", name, "config.json")))
     lr, seed = rec["point"]["optim.lr"], rec["seed"]
     ratio = rec["point"].get("noise.ratio", 0.4)
     assert (cfg["optim"]["lr"], cfg["noise"]["ratio"], cfg["seed"], cfg["noise"]["seed"]) == (lr, ratio, seed, seed)
-    assert rec["steps"] == 3 and name in swept.names
+    assert rec["steps"] == swept.steps and name in swept.names
     assert cfg["input"]["split"] == "train:fit" and cfg["evals"]["val_retrieval"]["split"] == "train:holdout"
     steps = sorted(int(s) for s in os.listdir(os.path.join(swept.workdir, "runs", name, "checkpoints")) if s.isdigit())
-    assert steps[-1] == 3
+    assert steps[-1] == swept.steps
 
 
 def check_results_table_plots_and_hparams(swept):
@@ -136,7 +168,8 @@ def check_results_table_plots_and_hparams(swept):
   for values, rsums in groups.items():
     cells = next(c for l in table.splitlines() if (c := [x.strip() for x in l.split("|")[1:-1]])[:len(keys)] == list(
         values))
-    assert cells[len(keys)] == "2" and f"{np.mean(rsums):.2f} ± {np.std(rsums):.2f}" in cells, (cells, rsums)
+    assert cells[len(keys)] == str(swept.seeds) and f"{np.mean(rsums):.2f} ± {np.std(rsums):.2f}" in cells, (
+        cells, rsums)
   for metric in ("retrieval_rsum", "val_retrieval_rsum"):
     for key in keys:
       assert os.path.getsize(os.path.join(workdir, f"plot_{metric}_vs_{key}.png")) > 1000
@@ -176,16 +209,17 @@ def check_best_point_is_chosen_on_the_validation_part_and_its_command_rebuilds_t
 def check_another_sweep_in_the_same_workdir_is_refused_and_nothing_runs(small):
   workdir = small.workdir
   before = sorted(os.listdir(os.path.join(workdir, "runs")))
-  out = _sweep(["sweep", *CONFIG, "--sweep=optim.lr=1e-3,1e-2", *SELECT, "--cpu_devices=1"], workdir)
+  out = small.sweep(["sweep", *small.config, "--sweep=optim.lr=1e-3,1e-2", f"--seeds={small.seeds}", *SELECT,
+                     *small.devices], workdir)
   line = _one_error_line(out, 2)
   assert "holds another sweep" in line and "optim.lr" in line and "0.003" in line and "0.01" in line
   assert sorted(os.listdir(os.path.join(workdir, "runs"))) == before
-  again = _sweep([*small.args, "--report"], workdir)        # the same sweep: its report, nothing trained
+  again = small.sweep([*small.args, "--report"], workdir)        # the same sweep: its report, nothing trained
   assert again.returncode == 0 and "[sweep]" not in again.stdout and "best point" in again.stdout
 
 
 def test_bad_inputs_end_in_one_line_and_run_nothing(tmp_path):
-  base = ["sweep", "--config=clip:model=micro", "--cpu_devices=1"]
+  base = ["sweep", "--config=clip:model=micro"]
   cases = {
       "unknown key": (["--sweep=optim.lrr=1e-3,2e-3"], "the config has no key 'optim.lrr'"),
       "wrong type": (["--sweep=optim.lr=1e-3,fast"], "value 'fast' is not a float"),
@@ -195,20 +229,32 @@ def test_bad_inputs_end_in_one_line_and_run_nothing(tmp_path):
       "bad shard": (["--sweep=optim.lr=1e-3,2e-3", "--shard=2/2"], "--shard=2/2"),
       "select without split": (["--select=noise_detection/auc"], "evaluates no split"),
   }
-  with cf.ThreadPoolExecutor(2) as pool:   # two at a time: the machine's cores
-    outs = {name: pool.submit(_sweep, [*base, *args], str(tmp_path / name.replace(" ", "_")))
-            for name, (args, _) in cases.items()}
-  for name, (_, words) in cases.items():
-    assert words in _one_error_line(outs[name].result(), 2), name
-    assert not os.path.exists(tmp_path / name.replace(" ", "_")), name       # nothing written, nothing run
-  dry = _sweep([*base, "--sweep=optim.lr=1e-3,2e-3", "--sweep=model.embed_dim=16,32", "--seeds=2", "--shard=1/2",
-                "--dry_run"], str(tmp_path / "dry"))
+  for name, (args, words) in cases.items():
+    workdir = tmp_path / name.replace(" ", "_")
+    assert words in _one_error_line(_sweep_in_process([*base, *args], str(workdir)), 2), name
+    assert not os.path.exists(workdir), name       # nothing written, nothing run
+  # ... and through a real process (the entry point's own exit status, nothing printed after the line)
+  args, words = cases["index past the end"]
+  assert words in _one_error_line(_sweep([*base, *args, "--cpu_devices=1"], str(tmp_path / "real")), 2)
+  assert not os.path.exists(tmp_path / "real")
+  dry = _sweep_in_process([*base, "--sweep=optim.lr=1e-3,2e-3", "--sweep=model.embed_dim=16,32", "--seeds=2",
+                           "--shard=1/2", "--dry_run"], str(tmp_path / "dry"))
   assert dry.returncode == 0, dry.stderr[-2000:]
   lines = dry.stdout.splitlines()
   assert lines[0] == "sweep: 4 points x 2 seeds = 8 runs; this invocation: 4 runs of 2 points"
   assert [l.split()[2] for l in lines[1:]] == [f"runs/lr={lr}_embed_dim={d}_seed={s}" for lr, d in
                                                (("0.001", 32), ("0.002", 32)) for s in (0, 1)]
   assert not os.path.exists(tmp_path / "dry")
+  # What each seed sets in the config its run trains with (the runner's `config_of`; the micro sweep above trains
+  # one seed): the initialisation, the data order and the noise, beside the point's own value.
+  from helpers import load_config
+  from ncjax import sweep
+  plan = sweep.plan(load_config("clip", "model=micro"), sweep_flags=["optim.lr=1e-3,2e-3"], seeds=2)
+  assert [(dict(r.point)["optim.lr"], r.seed) for r in plan.runs] == [(1e-3, 0), (1e-3, 1), (2e-3, 0), (2e-3, 1)]
+  for run in plan.runs:
+    cfg = plan.config_of(run)
+    assert (cfg.seed, cfg.noise.seed, cfg.input.shuffle_seed) == (run.seed,) * 3, run.name
+    assert cfg.optim.lr == dict(run.point)["optim.lr"], run.name
 
 
 # --- slow: killed mid-sweep, shards, the best point's command -----------------------------------------------------
