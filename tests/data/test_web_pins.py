@@ -193,3 +193,27 @@ def test_a_filters_kept_pairs_are_written_only_from_the_shards_that_were_scored(
   write_in_place(os.path.join(local_data, "00001.tar"))
   with pytest.raises(store.ShardChanged, match="00001.tar changed since this run listed it"):
     subset_lib.write_shards(path, str(tmp_path / "kept_again"))
+
+
+def test_a_local_stream_refused_at_open_never_closes_a_descriptor_again(tmp_path):
+  """A shard that changed before its stream opened is refused, and the refused stream's finalizer closes nothing:
+  its descriptor number, given to the next file opened, stays that file's (a second close of the number made an
+  index build's read fail with EBADF)."""
+  import gc
+  path = tmp_path / "shard.tar"
+  path.write_bytes(b"x" * 100)
+  st = os.stat(path)
+  stale_pin = f"{st.st_size + 1}:{st.st_mtime_ns}:{st.st_ino}"
+  refused = None
+  try:
+    pinned_stream._LocalStream(str(path), stale_pin)
+    raise AssertionError("a changed shard was opened")
+  except store.ShardChanged as e:
+    refused = e   # its traceback holds the half-made stream alive until the next file is open
+  other = os.open(path, os.O_RDONLY)   # the lowest free number: the one the refused stream held
+  try:
+    del refused
+    gc.collect()   # the half-made stream finalized
+    assert os.fstat(other).st_size == 100
+  finally:
+    os.close(other)

@@ -23,7 +23,10 @@ class _LocalStream(io.RawIOBase):
     try:
       store.check_descriptor(path, self.fd, self.pin)
     except store.ShardChanged:
-      os.close(self.fd)
+      # closed here and forgotten: the half-made object's finalizer calls close() too, and closing the number again
+      # would close whatever file has since been given it (an index build's read then failed with EBADF)
+      fd, self.fd = self.fd, -1
+      os.close(fd)
       raise
 
   def readable(self):
@@ -44,8 +47,9 @@ class _LocalStream(io.RawIOBase):
     return os.lseek(self.fd, 0, os.SEEK_CUR)
 
   def close(self):
-    if not self.closed:
-      os.close(self.fd)
+    if not self.closed and self.fd >= 0:
+      fd, self.fd = self.fd, -1
+      os.close(fd)
     super().close()
 
 
