@@ -189,3 +189,19 @@ def test_the_slices_backend_sensitive_tests_hold_when_jax_reports_a_gpu(tmp_path
 @pytest.mark.slow
 def test_the_whole_gpu_slice_holds_when_jax_reports_a_gpu(tmp_path):
   _slice_reported_as_gpu(_SLICE, tmp_path)
+
+
+def test_the_slices_record_keeps_why_a_test_failed(tmp_path, monkeypatch):
+  """A slice stopped at its time limit prints no summary (the H100 run's first cuDNN failure came back without a
+  word of why): each failure's exception line is in the per-test record and in the table's status."""
+  from types import SimpleNamespace
+  from benchmarks.accelerator import pytest_counts
+  path = tmp_path / "tests.jsonl"
+  monkeypatch.setenv(pytest_counts.ENV, str(path))
+  longrepr = "    def test_x():\n>       assert f() == 2\nE       assert 3 == 2\nE        +  where 3 = f()\n"
+  for nodeid, outcome, text in (("t.py::test_ok", "passed", ""), ("t.py::test_x", "failed", longrepr)):
+    pytest_counts.pytest_runtest_logreport(SimpleNamespace(
+        nodeid=nodeid, when="call", outcome=outcome, failed=outcome == "failed", duration=0.1, longrepr=text))
+  counts = pytest_counts.summarise(str(path))
+  assert (counts["passed"], counts["failed"], counts["failures"]) == (1, 1, ["t.py::test_x"])
+  assert counts["why"] == {"t.py::test_x": "assert 3 == 2"}

@@ -252,12 +252,24 @@ def measure(out: str, logs: str, sections: list[str], smoke: bool, budget_s: flo
     pending.remove(w)
     proc = process_of[w.name]
     began = time.time()
+    # other processes still compiling share the card with this turn (XLA:GPU autotunes on it): recorded, so a
+    # timing taken beside compiles reads as such
+    outcome[w.name]["others_preparing"] = sorted(n for n in process_of if n not in ready and not gone(n)
+                                                 and process_of[n] is not proc)
     decide(w.name, "go")
     while w.name not in done and not gone(w.name) and time.time() < deadline + plan_lib.GRACE_S[smoke]:
       drain(deadline + plan_lib.GRACE_S[smoke] - time.time())
     outcome[w.name]["turn_s"] = time.time() - began
     if w.name in done:
       outcome[w.name]["status"] = "ok"
+      if told[id(proc)] == len(proc.names):
+        # its last turn: the next begins once the process has exited, since an allocator hands its pool back to
+        # the card only then (on an H100 the 512/GPU step asked for 58 GiB while the 256/GPU process, done but
+        # not yet gone, still held ~31 GiB: out of memory)
+        try:
+          proc.proc.wait(timeout=max(0.1, min(plan_lib.GRACE_S[smoke], deadline - time.time())))
+        except subprocess.TimeoutExpired:
+          proc.kill()
     elif gone(w.name):
       outcome[w.name]["status"] = f"failed: exit status {proc.proc.poll()}"
       outcome[w.name]["tail"] = proc.tail
@@ -347,7 +359,9 @@ def _test_rows(logs: str) -> list[dict]:
     return []
   bad = t["failed"] + t["errors"]
   if bad:
-    status = f"failed: {t['failed']} failed, {t['errors']} errors (first: {t['failures'][0]})"
+    first = t["failures"][0]
+    why = t.get("why", {}).get(first)
+    status = f"failed: {t['failed']} failed, {t['errors']} errors (first: {first}" + (f": {why}" if why else "") + ")"
   elif t.get("timed_out"):
     status = "ok"
   elif t.get("rc") != 0:
@@ -500,6 +514,14 @@ def _markdown(summary: dict, rows: list[dict]) -> str:
           f"rate measured in the same run (section a's first row).\n\n")
   body = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
   body += ["| " + " | ".join(_cell(r, k).replace("|", "/") for k, _ in COLUMNS) + " |" for r in rows]
+  workers = summary.get("workers") or {}
+  if workers:   # what each phase took (`run.sh --plan --calibrate accelerator.json` plans with it)
+    body += ["", "| worker | prepared at (s) | planned (s) | turn (s) | planned (s) | still compiling beside its turn "
+                 "| status |", "|---|---|---|---|---|---|---|"]
+    fmt = lambda x: f"{x:.0f}" if isinstance(x, (int, float)) else "-"
+    body += [f"| {n} | {fmt(o.get('prepare_s'))} | {fmt(o.get('planned_prepare_s'))} | {fmt(o.get('turn_s'))} | "
+             f"{fmt(o.get('planned_turn_s'))} | {', '.join(o.get('others_preparing', [])) or '-'} | "
+             f"{o.get('status', '-')} |" for n, o in workers.items()]
   return head + "\n".join(body) + "\n"
 
 

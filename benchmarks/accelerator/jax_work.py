@@ -32,7 +32,7 @@ from benchmarks import common
 from benchmarks.accelerator import record
 from benchmarks.flops import train_step_flops
 
-# 'auto' picks cuDNN on a GPU in bf16; the three concrete kinds are what section a compares.
+# 'auto' is the einsum path on a GPU; the three concrete kinds are what section a compares.
 ATTENTION_KINDS = ("einsum", "xla", "cudnn")
 # d: the predicted largest batch is aimed at this share of the device's memory limit (the allocator's
 # fragmentation and the runtime's own buffers take some of the rest).
@@ -130,9 +130,15 @@ def _state_layout(setup: Setup):
   return jax.tree.map(lambda a: (a.shape, a.dtype, a.sharding), setup.prog.abstract_state)
 
 
-def _compile(lowered):
+# The memory search compiles its candidates for their memory analysis only: without autotuning, which would run
+# trial kernels on the card, holding operand-sized buffers there (up to ~4,400 pairs/GPU) while another worker's turn
+# timed its steps. Its real steps at the largest batch run these untuned programs (their rows say so).
+MEMORY_SEARCH_OPTIONS = {"xla_gpu_autotune_level": 0}
+
+
+def _compile(lowered, options=None):
   start = time.perf_counter()
-  compiled = lowered.compile()
+  compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
   return compiled, time.perf_counter() - start
 
 
@@ -192,12 +198,12 @@ def _failure(e: Exception) -> str:
   return f"failed: {type(e).__name__}: {text[0][:200] if text else ''}"
 
 
-def compile_wave(lowered: list) -> list:
+def compile_wave(lowered: list, options=None) -> list:
   """(compiled, seconds) of each lowered program, compiled concurrently; (None, failure status) where one raised."""
   if not lowered:
     return []
   with concurrent.futures.ThreadPoolExecutor(max_workers=len(lowered)) as pool:
-    return _gather([pool.submit(_compile, low) for low in lowered])
+    return _gather([pool.submit(_compile, low, options) for low in lowered])
 
 
 # --- section a: the CLIP step, each attention kind -----------------------------------------------------------------
@@ -270,7 +276,11 @@ class CLIPWorker:
     self.setups = [Setup(method_config("clip", "noise=0", model=sizes.model, global_batch=batch * n_dev, data=data,
                                        attention=kind), os.path.join(workdir, f"a_{batch}_{kind}"))
                    for kind in self.configs]
-    self.compiled = compile_wave([s.lower(s.pipeline_batch()) for s in self.setups])
+    # each kind lowered on its own: a kind that cannot be traced here (cuDNN refusing a shape) is its row's
+    # failure, not the worker's
+    lowered = [_lower_or_failure(s) for s in self.setups]
+    waves = compile_wave([low for low in lowered if not isinstance(low, str)])
+    self.compiled = [(None, low) if isinstance(low, str) else waves.pop(0) for low in lowered]
     for kind, (compiled, compile_s) in zip(self.configs, self.compiled):
       if compiled is not None:
         rec.write(dict(kind="compiled", section="a", attention=kind, batch=batch, compile_s=compile_s,
@@ -310,6 +320,7 @@ class CLIPWorker:
                    + (f", footprint {fp / 2**30:.2f} GiB" if fp else ""),
               attention=kind, batch=batch, global_batch=s.global_batch, step_s=seconds, model_flops=flops,
               mfu_peak=mfu_peak, mfu_measured=mfu_measured, peak_flops=peak[0] if peak else None,
+              peak_source=peak[1] if peak else None,
               xla_flops=common.compiled_flops(compiled, partitions=n_dev), footprint_bytes=fp, compile_s=compile_s,
               loss=loss, finite=math.isfinite(loss), n_devices=n_dev)
     _peak_row(rec, sizes, batch)
@@ -326,6 +337,13 @@ def _head_dim(model: str) -> int:
   from ncjax.models import get_size
   towers = get_size(model)
   return min(towers[t]["width"] // towers[t]["heads"] for t in ("image", "text"))
+
+
+def _lower_or_failure(setup: "Setup"):
+  try:
+    return setup.lower(setup.pipeline_batch())
+  except Exception as e:
+    return _failure(e)
 
 
 def _auto_attention(model: str) -> str:
@@ -400,7 +418,7 @@ class MemoryWorker:
     setups = {b: self._setup(remat, b) for b in (self.b1, self.b2)}
     if not hasattr(self, "template"):
       self.template = setups[self.b1]
-    results = compile_wave([s.lower(s.pipeline_batch()) for s in setups.values()])
+    results = compile_wave([s.lower(s.pipeline_batch()) for s in setups.values()], MEMORY_SEARCH_OPTIONS)
     return {b: footprint(compiled) if compiled is not None else None for b, (compiled, _) in zip(setups, results)}
 
   def _a_points(self, wait_s: float) -> dict | None:
@@ -427,7 +445,8 @@ class MemoryWorker:
       found["error"] = record.NOT_RUN_TIME
       return found
     setups = [self._setup(remat, b) for b in batches]
-    results = compile_wave([s.lower(self._abstract_batch(self.template, b)) for s, b in zip(setups, batches)])
+    results = compile_wave([s.lower(self._abstract_batch(self.template, b)) for s, b in zip(setups, batches)],
+                           MEMORY_SEARCH_OPTIONS)
     for b, s, (compiled, compile_s) in zip(batches, setups, results):
       if compiled is None:
         found.setdefault("error", compile_s)
@@ -441,6 +460,10 @@ class MemoryWorker:
 
   def turn(self) -> None:
     ncu_section(self.rec, self.sizes)
+    self.turn_memory()
+
+  def turn_memory(self) -> None:
+    """Section d's part of the turn alone (`--sections` without c)."""
     _real_steps(self.rec, self.sizes, self.found, getattr(self, "template", None))
 
 
@@ -502,7 +525,7 @@ def _real_steps(rec, sizes, found, template):
     peak = device_memory().get("peak_bytes_in_use")
     loss = _loss_of(metrics)
     rec.row("d", label + f" ({f['batch']}/GPU)", n / seconds, "pairs/s",
-            note=f"step {seconds:.2f} s" + (f", process peak {peak / 2**30:.1f} GiB" if peak else ""),
+            note=f"step {seconds:.2f} s, untuned kernels" + (f", process peak {peak / 2**30:.1f} GiB" if peak else ""),
             remat=remat, batch=f["batch"], step_s=seconds, peak_bytes=peak, loss=loss, finite=math.isfinite(loss))
     del batch
 
@@ -527,10 +550,15 @@ class MethodsWorker:
       config_name, arg = METHODS[name]
       try:
         self.setups[name] = Setup(method_config(config_name, arg, model=sizes.model, global_batch=batch * n_dev,
-                                                data=data), os.path.join(workdir, f"e_{config_name}"))
+                                                data=data, attention=_auto_attention(sizes.model)),
+                                  os.path.join(workdir, f"e_{config_name}"))
       except Exception as e:
         rec.row("e", _e_config(sizes, name, batch), status=_failure(e), method=name)
-    self.compiled = dict(zip(self.setups, compile_wave([s.lower(s.pipeline_batch()) for s in self.setups.values()])))
+    lowered = {name: _lower_or_failure(s) for name, s in self.setups.items()}
+    for name in [n for n, low in lowered.items() if isinstance(low, str)]:
+      rec.row("e", _e_config(sizes, name, batch), status=lowered.pop(name), method=name)
+      del self.setups[name]
+    self.compiled = dict(zip(lowered, compile_wave(list(lowered.values()))))
 
   def turn(self) -> None:
     rec, sizes, batch = self.rec, self.sizes, self.sizes.methods_batch
@@ -576,7 +604,7 @@ def _clip_from_a(out: str, batch: int, kind: str):
 
 
 def _e_config(sizes, name, batch):
-  return f"{name}, {sizes.model} bf16, attention=auto, batch {batch}/GPU"
+  return f"{name}, {sizes.model} bf16, attention={_auto_attention(sizes.model)}, batch {batch}/GPU"
 
 
 # --- section c: ncjax's NCU stage-2 loss ---------------------------------------------------------------------------

@@ -23,24 +23,26 @@ import math
 
 DEFAULT_TOTAL_S = 520   # the device call's 600 s, less the machine's start, the tree's copy and the files' return
 
-# What one phase costs, in seconds on the GPU host. (m): measured on the CPU here (the same work on the host's CPU);
-# (p): a planning figure, to be replaced by a GPU run's own record.
+# What one phase costs, in seconds on the GPU host. (g): measured on the H100 host (2026-11-27, jax 0.11.2, torch 2.11;
+# docs/notes/accelerator_h100.md); (m): measured on the CPU here (the same work on the host's CPU); (p): a planning
+# figure, to be replaced by a GPU run's own record.
 GPU_SECONDS = {
-    "install": 10,          # (m) pip install of the carried wheels, image-like Python 3.12 environment
-    "versions": 5,          # (m) nvidia-smi and the versions' listing
+    "install": 3,           # (g) pip install of the carried wheels (with the versions' listing: 4-5 s on the H100)
+    "versions": 2,          # (g) nvidia-smi and the versions' listing
     "jax_start": 12,        # (m+p) import jax + ncjax 1.5 s; the CUDA client, cuBLAS and cuDNN handles (p) 10 s
     "torch_start": 15,      # (p) import torch and open_clip, the CUDA context
     "setup": 5,             # (m) one ViT-B/16 trainer: config, model spec, data, shardings (3.4-9.8 s here)
     "lower": 10,            # (m) lowering one ViT-B/16 train step to StableHLO (8.6-11.5 s here)
-    "compile": 60,          # (p) XLA:GPU compile of one ViT-B/16 train step, autotuning included
+    "compile": 90,          # (g) XLA:GPU compile of one ViT-B/16 train step, autotuning included: three at once
+                            # took 112-140 s on the H100 host while five processes compiled
     "init": 10,             # (p) one train state on the device, its init programs compiled
     "matmul": 5,            # (p) the bf16 matmul rate: one compile, 100 products
     "timing": 6,            # (p) warm-up and 3 x 5 timed steps of one configuration (a step is <= 0.3 s)
     "openclip_build": 5,    # (p) open_clip's ViT-B-16 built and moved to the GPU, its optimiser
     "eager": 8,             # (p) open_clip eager at one batch: warm-up and timed steps
-    "torch_compile": 120,   # (p) torch.compile (Inductor) of the open_clip step at one batch: its first call
+    "torch_compile": 70,    # (g) torch.compile (Inductor) of the open_clip step at 512: its first call, 66 s
     "ncu_jax": 20,          # (p) ncjax's NCU loss + gradient at N = 2,048 / 8,192 / 32,768: compiles and timings
-    "ncu_torch": 25,        # (p) the public NCU loop at the same N (its Python loop dominates)
+    "ncu_torch": 40,        # (g) the public NCU loop at the same N: 0.11 s, 0.92 s and 14.1 s a call on the H100
     "steps_large": 8,       # (p) two steps at the largest batch found (a few seconds each at up to ~2k pairs)
     "finalize": 10,         # (m) the table, the JSON, the logs' archive
 }

@@ -103,21 +103,21 @@ def cudnn_refusal(*, dtype, head_dim: int, platform: str) -> str | None:
 
 def resolve_attention(kind: str, *, dtype, head_dim: int, platform: str | None = None) -> str:
   """The attention implementation `model.attention` asks for on `platform` (default: JAX's default backend, where
-  the model is traced and run): 'auto' is cuDNN's fused kernel on a GPU where it can run (bf16/fp16, head size),
-  the recomputing path on a TPU (what its step stores between forward and backward is what bounds it), else the
-  einsum path (the fastest on the CPU); an explicit 'cudnn' that cannot run is an error naming why."""
+  the model is traced and run): 'auto' is the recomputing path on a TPU (what its step stores between forward and
+  backward is what bounds it) and the einsum path elsewhere — on the CPU the fastest form, and on an H100 the
+  fastest of the three it ran (CLIP ViT-B/16 bf16 at 256 pairs/GPU: einsum 1,991, xla 1,951, cudnn 1,493 pairs/s;
+  docs/notes/accelerator_h100.md). cuDNN's kernel stays a choice for memory (23 GiB instead of 31 GiB there); an
+  explicit 'cudnn' that cannot run is an error naming why."""
   if kind not in ATTENTION_KINDS:
     raise errors.ConfigurationError(f"unknown model.attention {kind!r}; expected one of {ATTENTION_KINDS}")
   platform = jax.default_backend() if platform is None else platform
   if kind == "auto":
-    if cudnn_refusal(dtype=dtype, head_dim=head_dim, platform=platform) is None:
-      return "cudnn"
     return "recompute" if platform == "tpu" else "einsum"
   if kind == "cudnn":
     why = cudnn_refusal(dtype=dtype, head_dim=head_dim, platform=platform)
     if why is not None:
-      raise errors.ConfigurationError(f"model.attention='cudnn' cannot run: {why}; model.attention='auto' picks "
-                                      f"cuDNN where it can and the einsum path elsewhere")
+      raise errors.ConfigurationError(f"model.attention='cudnn' cannot run: {why}; model.attention='auto' runs "
+                                      f"everywhere")
   return kind
 
 
@@ -199,8 +199,7 @@ class MultiHeadAttention(nnx.Module):
   below, tuned for the CPU; 'recompute' — the same einsums under `attend_recomputing`, whose backward recomputes
   the probabilities from q, k, v and the rows' float32 log-sum-exp instead of keeping them (the TPU's choice);
   'xla' — `jax.nn.dot_product_attention(implementation='xla')` on token-major q, k, v; 'cudnn' — the same call with
-  cuDNN's fused (flash) attention kernel, bf16/fp16 on NVIDIA GPUs; 'auto' — cudnn where it can run, recompute on a
-  TPU, else einsum. The parameters and the arithmetic are the same for every kind: logits and softmax
+  cuDNN's fused (flash) attention kernel, bf16/fp16 on NVIDIA GPUs; 'auto' — recompute on a TPU, else einsum. The parameters and the arithmetic are the same for every kind: logits and softmax
   in float32, masked logits at jax's large negative value (a fully masked row attends uniformly, never NaN)."""
 
   def __init__(self, width: int, heads: int, *, dtype, rngs: nnx.Rngs, attention: str = "einsum",
@@ -211,6 +210,7 @@ class MultiHeadAttention(nnx.Module):
     self.dtype = dtype
     self.grad_reduce = grad_reduce
     self.attention = resolve_attention(attention, dtype=dtype, head_dim=width // heads)
+    self.pad_odd_tokens = self.attention == "cudnn"   # see _attend_token_major
     self.qkv = dense(width, 3 * width, dtype=dtype, rngs=rngs, std=width ** -0.5)
     self.out = dense(width, width, dtype=dtype, rngs=rngs, std=width ** -0.5)
 
@@ -227,9 +227,36 @@ class MultiHeadAttention(nnx.Module):
     out_bias = self.out.bias[...].astype(self.dtype)
     # Token-major (batch, tokens, heads, head_dim), the layout jax.nn.dot_product_attention and cuDNN take.
     q, k, v = (jnp.einsum("bnw,whd->bnhd", x, kernel[:, i]) + bias[i] for i in range(3))
-    mask = None if key_mask is None else attention_mask(n, causal=False, key_mask=key_mask)
-    y = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, implementation=self.attention)
+    y = self._attend_token_major(q, k, v, causal, key_mask)
     return jnp.einsum("bnhd,hdw->bnw", y, out_kernel) + out_bias
+
+  def _attend_token_major(self, q, k, v, causal, key_mask):
+    """`jax.nn.dot_product_attention` on (batch, tokens, heads, head_dim). cuDNN's fused kernel trains only on an
+    even number of tokens (jax 0.11's flash-attention check counts every training call as biased, and a biased
+    call needs even lengths; seen on an H100: ViT-B/16's 197 tokens were refused), so an odd count is padded by
+    one token that the sequence lengths exclude: it is attended by nobody and its output row is dropped, so the
+    function, and its gradient, are unchanged."""
+    b, n = q.shape[:2]
+    pad = self.pad_odd_tokens and n % 2 == 1
+    if pad:
+      # the padded value is the mean of the real ones: a row whose every key is masked attends uniformly, and
+      # where a kernel counts the padded key among those (XLA's does), the mean of n + 1 values is still theirs
+      q, k = (jnp.pad(t, ((0, 0), (0, 1), (0, 0), (0, 0))) for t in (q, k))
+      v = jnp.concatenate([v, jnp.mean(v, axis=1, keepdims=True, dtype=jnp.float32).astype(v.dtype)], axis=1)
+      if key_mask is not None:
+        key_mask = jnp.pad(key_mask, ((0, 0), (0, 1)))
+    m = q.shape[1]
+    mask = None
+    if key_mask is not None:
+      # cuDNN takes a mask as a bias of the full (batch, 1, queries, keys) shape; the causal mask goes into it too,
+      # so that a row with every key masked attends uniformly to all keys, as the einsum path's does (cuDNN's own
+      # causal mask would exclude the later keys from that uniform average)
+      mask = jnp.broadcast_to(attention_mask(m, causal=causal, key_mask=key_mask), (b, 1, m, m))
+      causal = False
+    lengths = jnp.full((b,), n, jnp.int32) if pad else None
+    y = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=causal, query_seq_lengths=lengths,
+                                     key_value_seq_lengths=lengths, implementation=self.attention)
+    return y[:, :n] if pad else y
 
   def _einsum(self, x, causal, key_mask):
     """Scaled dot-product attention, computed heads-major: the fused kernel viewed as (width, 3, heads, head_dim)

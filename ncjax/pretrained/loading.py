@@ -175,8 +175,8 @@ class PretrainedModel:
 
 def load_model(spec: str, *, attention: str = "auto", dtype: str = "float32"):
   """(model, preprocess, tokenizer), like open_clip's create_model_and_transforms. `attention` / `dtype`: the
-  model's `model.attention` and compute dtype (parameters stay float32): 'cudnn' (or 'auto' on a GPU) with
-  dtype='bfloat16' runs cuDNN's fused attention.
+  model's `model.attention` and compute dtype (parameters stay float32): 'cudnn' with dtype='bfloat16' runs
+  cuDNN's fused attention.
 
   model.encode_image takes preprocessed NHWC float32 images, model.encode_text the tokenizer's ids; both return
   embeddings in the model's geometry. preprocess(PIL image or uint8 array) -> (H, W, 3) float32 with the model's

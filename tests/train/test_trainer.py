@@ -27,9 +27,10 @@ def clip_run(tmp_path_factory):
   its workdir cut back to the step-3 checkpoint."""
   root = tmp_path_factory.mktemp("clip_run")
   cfg = tiny_clip_config(total_steps=6, **{"log.every_steps": 3, "ckpt.every_steps": 3})
-  full = train.train(cfg, str(root / "full"))
+  cpus = jax.devices("cpu")   # the 8 simulated devices, also where JAX's default backend is a GPU
+  full = train.train(cfg, str(root / "full"), devices=cpus)
   at_3 = ckpt_lib.restore_state_on_host(str(root / "full" / "checkpoints" / "3"))[0]
-  resumed = train.train(cfg, stopped_at(root / "full", 3, root / "resumed"))
+  resumed = train.train(cfg, stopped_at(root / "full", 3, root / "resumed"), devices=cpus)
   return dict(cfg=cfg, root=root, full=full, at_3=at_3, resumed=resumed)
 
 
