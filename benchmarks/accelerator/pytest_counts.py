@@ -34,8 +34,8 @@ def _why(report) -> str:
 
 
 def summarise(path: str) -> dict:
-  """{passed, failed, errors, skipped, failures: [node ids], why: {node id: its failure's line}}: a test counts once — an error in its setup or
-  teardown, else its call's outcome (an expected failure counts as skipped)."""
+  """{passed, failed, errors, skipped, failures: [node ids], why: {node id: its failure's line}}: a test counts
+  once — an error in its setup or teardown, else its call's outcome (an expected failure counts as skipped)."""
   per_test: dict[str, str] = {}
   why: dict[str, str] = {}
   if os.path.exists(path):

@@ -199,8 +199,9 @@ class MultiHeadAttention(nnx.Module):
   below, tuned for the CPU; 'recompute' — the same einsums under `attend_recomputing`, whose backward recomputes
   the probabilities from q, k, v and the rows' float32 log-sum-exp instead of keeping them (the TPU's choice);
   'xla' — `jax.nn.dot_product_attention(implementation='xla')` on token-major q, k, v; 'cudnn' — the same call with
-  cuDNN's fused (flash) attention kernel, bf16/fp16 on NVIDIA GPUs; 'auto' — recompute on a TPU, else einsum. The parameters and the arithmetic are the same for every kind: logits and softmax
-  in float32, masked logits at jax's large negative value (a fully masked row attends uniformly, never NaN)."""
+  cuDNN's fused (flash) attention kernel, bf16/fp16 on NVIDIA GPUs; 'auto' — recompute on a TPU, else einsum. The
+  parameters and the arithmetic are the same for every kind: logits and softmax in float32, masked logits at jax's
+  large negative value (a fully masked row attends uniformly, never NaN)."""
 
   def __init__(self, width: int, heads: int, *, dtype, rngs: nnx.Rngs, attention: str = "einsum",
                grad_reduce: str = "bf16"):
