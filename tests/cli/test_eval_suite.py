@@ -6,14 +6,13 @@ with the user's class names and templates and a linear probe; dataset names as C
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import ROOT, tiny_clip_config
+import cli_in_process
+from helpers import tiny_clip_config
 from ncjax import train
 from ncjax.cli import eval_suite
 from ncjax.data.embedded import digits
@@ -45,12 +44,13 @@ def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, bu
   _data(tmp_path)
   out = tmp_path / "out"
   folder, table = tmp_path / "folder", tmp_path / "table" / "pairs.csv"
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  res = subprocess.run([sys.executable, "-m", "ncjax.main", "eval", f"--checkpoints={run}",
-                        f"--datasets=image_folder:{folder}@val,table:{table},digits,flickr30k",
-                        f"--data_dir={built['data_dir']}", f"--output={out}", "--num_workers=2", "--cpu_devices=1"],
-                       cwd=tmp_path, capture_output=True, text=True,
-                       timeout=600, env=env)
+  # the CLI's `main(argv)` in this process, on its 8 devices: the evaluation programs it compiles are the ones the
+  # suite runs below compile again (a real `python -m ncjax.main eval` exits 0 in
+  # tests/train/test_multiprocess_evaluation.py, and a suite in real processes in the slow test at the end)
+  res = cli_in_process.run(["eval", f"--checkpoints={run}",
+                            f"--datasets=image_folder:{folder}@val,table:{table},digits,flickr30k",
+                            f"--data_dir={built['data_dir']}", f"--output={out}", "--num_workers=2"],
+                           cwd=str(tmp_path))
   assert res.returncode == 0, res.stderr[-3000:]
   files = {"image_folder_folder_val.json", "table_pairs.csv_test.json", "digits_test.json", "flickr30k_test.json"}
   for step in (10, 20):   # one JSON per (checkpoint, dataset)
@@ -68,20 +68,37 @@ def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, bu
   assert (out / "summary.csv").read_text().count("\n") == 9 and (out / "summary.png").stat().st_size > 10_000
 
   # a suite file: the folder again, now with the user's class names and templates and a linear probe; with
-  # skip_existing the zero-shot result already there is kept and only the probe runs
+  # skip_existing the zero-shot result already there is kept and only the probe runs. The probe fits with
+  # scikit-learn (an evaluator option the suite file passes on): the evaluator's path is the same, and its JAX
+  # L-BFGS (1,000 iterations for each of 16 C values on these separable features, 12 s here) is checked against
+  # scikit-learn in tests/evals/test_evals.py.
   (tmp_path / "names.txt").write_text("\n".join(f"digit {n}" for n in digits.CLASS_NAMES) + "\n")
   (tmp_path / "templates.txt").write_text("a photo of the number {c}.\nthe digit {}.\n")
   (tmp_path / "suite.json").write_text(json.dumps([dict(
       dataset=f"image_folder:{folder}", split="val", tasks=["zeroshot", "linear_probe"], train_split="val",
-      classnames=str(tmp_path / "names.txt"), templates=str(tmp_path / "templates.txt"))]))
+      protocol="sklearn", classnames=str(tmp_path / "names.txt"), templates=str(tmp_path / "templates.txt"))]))
   entries = eval_suite.load_suite_file(str(tmp_path / "suite.json"))
   models = eval_suite.models_of([(str(run), 20)], None)
-  rows = eval_suite.run_suite(entries, models, str(out), skip_existing=True, workers=2)
+  # the zero-shot result on disk stamped: a kept one keeps the stamp, a recomputed one cannot have it (this 20-step
+  # model scores the folder the same under the CLI's prompts and the file's: values alone would not tell)
+  result_file = out / "run_step20" / "image_folder_folder_val.json"
+  stamped_zs = dict(folder_zs, acc1=0.123456)
+  result_file.write_text(json.dumps(dict(json.loads(result_file.read_text()), tasks=dict(zeroshot=stamped_zs))))
+  from threadpoolctl import threadpool_limits
+  with threadpool_limits(limits=1, user_api="blas"):   # tiny products (tests/evals/test_evals.py says why)
+    rows = eval_suite.run_suite(entries, models, str(out), skip_existing=True, workers=2)
   kept = json.loads((out / "run_step20" / "image_folder_folder_val.json").read_text())
-  assert kept["tasks"]["zeroshot"] == folder_zs and 0 <= kept["tasks"]["linear_probe"]["lp_acc1"] <= 1
-  assert {(r["task"], r["model"]) for r in rows} == {("zeroshot", "run_step20"), ("linear_probe", "run_step20")}
+  assert kept["tasks"]["zeroshot"] == stamped_zs
+  assert {(r["task"], r["model"], r["main"] if r["task"] == "zeroshot" else 0) for r in rows} == {
+      ("zeroshot", "run_step20", 0.123456), ("linear_probe", "run_step20", 0)}
   # everything done: the checkpoint is not restored again
-  again = eval_suite.run_suite(entries, models, str(out), skip_existing=True)
+
+  def restore_refused(*args, **kwargs):
+    raise AssertionError("a checkpoint whose every dataset is done was restored")
+
+  with monkeypatch.context() as patched:
+    patched.setattr(eval_suite, "_restore", restore_refused)
+    again = eval_suite.run_suite(entries, models, str(out), skip_existing=True)
   assert [r["main"] for r in again] == [r["main"] for r in rows]
   # without skip_existing the user's class names and templates make the classifier: the prompts the text tower
   # encodes are exactly `template.format(name)` of the user's files, and the accuracies are those recomputed here
@@ -98,7 +115,7 @@ def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, bu
   monkeypatch.setattr(WordTokenizer, "encode", recording)
   # (zero-shot only: the linear probe ran above and does not read the prompts)
   zero_shot_only = [dataclasses.replace(entries[0], tasks=("zeroshot",), options={
-      k: v for k, v in entries[0].options.items() if k != "train_split"})]
+      k: v for k, v in entries[0].options.items() if k not in ("train_split", "protocol")})]
   user = eval_suite.run_suite(zero_shot_only, models, str(tmp_path / "out_user"), workers=2)
   names = tuple(f"digit {n}" for n in digits.CLASS_NAMES)
   templates = ("a photo of the number {}.", "the digit {}.")
@@ -106,7 +123,9 @@ def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, bu
   assert [p for p in encoded if p.startswith(("a photo of the number digit", "the digit digit"))] == prompts
   zs = json.loads((tmp_path / "out_user" / "run_step20" / "image_folder_folder_val.json").read_text())
   got = zs["tasks"]["zeroshot"]
-  mine, theirs = _zero_shot(run, folder, [(names, templates), (tuple(digits.CLASS_NAMES), None)])
+  (mine, theirs), probe = _zero_shot(run, folder, [(names, templates), (tuple(digits.CLASS_NAMES), None)])
+  # the probe's result is scikit-learn's protocol on the checkpoint's own pre-projection features (computed here)
+  assert kept["tasks"]["linear_probe"] == pytest.approx(probe, abs=1e-6), (kept["tasks"]["linear_probe"], probe)
   assert mine != theirs, (mine, theirs)
   assert (got["acc1"], got["acc5"], got["mean_per_class_recall"]) == pytest.approx(mine, abs=1e-6), (got, mine)
   assert {r["task"] for r in user} == {"zeroshot"}
@@ -115,13 +134,25 @@ def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, bu
 def _zero_shot(run, folder, prompt_sets):
   """For each (class names, templates) of `prompt_sets`: (top-1 accuracy, top-5 accuracy, mean per-class recall) of
   checkpoint 20 of `run` on the folder's val images, recomputed from embeddings computed once: tests/recompute.py's
-  prompt ensemble over `templates` (None: CLIP's 80 ImageNet templates, what an image folder gets by default)."""
+  prompt ensemble over `templates` (None: CLIP's 80 ImageNet templates, what an image folder gets by default); and
+  the linear probe's result (scikit-learn's protocol, val fitted and tested) on the images' pre-projection features."""
+  import jax
   import ml_collections
   import recompute
+  from ncjax import data as data_lib, experiment
+  from ncjax.evals import linear_probe as lp
   from ncjax.evals import zeroshot
-  em, img, _, split, tokenizer, _ = recompute.checkpoint_embeddings(
+  from threadpoolctl import threadpool_limits
+  em, img, _, split, tokenizer, config = recompute.checkpoint_embeddings(
       str(run), 20, ml_collections.ConfigDict(dict(dataset=f"image_folder:{folder}", data_dir="")), "val")
   labels = np.asarray(split.image_labels)
+  image_size = experiment.resolve(config).model.image_size
+  images = data_lib.eval_images(split, image_size, config.input.normalization, config.input.resize)
+  features = np.asarray(jax.jit(em.image_features)(np.asarray(images[np.arange(split.num_images)])))
+  fit, held_out = lp.train_val_split(len(features))
+  with threadpool_limits(limits=1, user_api="blas"):
+    probe = lp.linear_probe(features[fit], labels[fit], features[held_out], labels[held_out], features, labels,
+                            len(split.class_names), protocol="sklearn")
   out = []
   for class_names, templates in prompt_sets:
     weights = recompute.zero_shot_weights(em, tokenizer, class_names, templates or zeroshot.templates_for("imagenet80"))
@@ -131,7 +162,7 @@ def _zero_shot(run, folder, prompt_sets):
     recalls = [float(np.mean(pred[labels == c] == c)) for c in np.unique(labels)]
     out.append((float(np.mean(pred == labels)), float(np.mean([y in t for y, t in zip(labels, top5)])),
                 float(np.mean(recalls))))
-  return out
+  return out, probe
 
 
 def test_user_class_names_and_templates_reach_the_classifier(tmp_path):
@@ -169,12 +200,14 @@ def test_dataset_specs_aliases_and_tasks():
 
 
 def test_suite_on_a_pretrained_model(tmp_path):
-  # a reduced random CLIP in OpenAI's layout, evaluated as it is (no training), serially decoded
+  # a reduced random CLIP in OpenAI's layout (1 + 1 layers: the import's parity with PyTorch is tests/models/
+  # test_pretrained.py's), evaluated as it is (no training), serially decoded
   import torch
   import reference_models as rm
   from helpers import load_config
   path = tmp_path / "ViT-tiny.pt"
-  torch.save(rm.make_open_clip(rm.tiny_open_clip_cfg(True, image_size=16, patch=4)).state_dict(), path)
+  reference = rm.make_open_clip(rm.tiny_open_clip_cfg(True, image_size=16, patch=4, vlayers=1, tlayers=1))
+  torch.save(reference.state_dict(), path)
   _data(tmp_path)
   models = eval_suite.models_of(None, f"openai:{path}")
   assert [m.label for m in models] == ["openai_ViT-tiny"]
