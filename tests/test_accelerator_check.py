@@ -154,7 +154,7 @@ def test_an_interpreter_without_jax_is_one_line_naming_it(tmp_path):
 
 
 def test_mfu_is_quoted_against_the_datasheet_peak_of_the_card():
-  from benchmarks.accelerator.jax_work import datasheet_peak
+  from benchmarks.accelerator.record import datasheet_peak
   assert datasheet_peak("NVIDIA H100 80GB HBM3")[0] == 989e12       # SXM
   assert datasheet_peak("NVIDIA H100 PCIe")[0] == 756e12
   assert datasheet_peak("NVIDIA H200")[0] == 989e12

@@ -208,28 +208,6 @@ def compile_wave(lowered: list, options=None) -> list:
 
 # --- section a: the CLIP step, each attention kind -----------------------------------------------------------------
 
-# Dense bf16 peaks of the cards' datasheets (without sparsity), FLOP/s, and where each figure is printed: MFU is
-# quoted against these, as published MFUs are. Matched against the device's name (nvidia-smi's, JAX's device kind).
-DATASHEET_BF16 = (
-    ("H100 PCIe", 756e12, "NVIDIA H100 datasheet (PCIe: 1,513 TFLOP/s with sparsity)"),
-    ("H100 NVL", 835e12, "NVIDIA H100 datasheet (NVL: 1,671 TFLOP/s with sparsity)"),
-    ("H200 NVL", 835e12, "NVIDIA H200 datasheet (NVL: 1,671 TFLOP/s with sparsity)"),
-    ("H100", 989e12, "NVIDIA H100 datasheet (SXM: 1,979 TFLOP/s with sparsity)"),
-    ("H200", 989e12, "NVIDIA H200 datasheet (SXM: 1,979 TFLOP/s with sparsity)"),
-    ("GH200", 989e12, "NVIDIA GH200 datasheet (1,979 TFLOP/s with sparsity)"),
-    ("A100", 312e12, "NVIDIA A100 datasheet (624 TFLOP/s with sparsity)"),
-    ("L40S", 362e12, "NVIDIA L40S datasheet (733 TFLOP/s with sparsity)"),
-)
-
-
-def datasheet_peak(device_name: str) -> tuple[float, str] | None:
-  """(dense bf16 FLOP/s, its source) of the card named `device_name`, None for a card not listed (or a CPU)."""
-  for key, flops, source in DATASHEET_BF16:
-    if key.lower() in device_name.lower():
-      return flops, source
-  return None
-
-
 def matmul_rate(rec: record.Recorder, sizes: record.Sizes) -> float:
   """FLOP/s of one jitted n^3 bf16 matmul on the default device, back-to-back calls: the rate this card reaches
   in this run (clocks and power limits differ by host), beside the datasheet's peak."""
@@ -247,7 +225,7 @@ def matmul_rate(rec: record.Recorder, sizes: record.Sizes) -> float:
     jax.block_until_ready(out)
     times.append((time.perf_counter() - start) / calls)
   rate = 2.0 * n ** 3 / min(times)
-  peak = datasheet_peak(jax.devices()[0].device_kind)
+  peak = record.datasheet_peak(jax.devices()[0].device_kind)
   rec.row("a", f"bf16 matmul {n} x {n} x {n}, jitted (the card's measured rate)", rate / 1e12, "TFLOP/s",
           vs=rate / peak[0] if peak else None, ref="of the datasheet peak" if peak else "",
           note="the denominator of the measured-rate MFU", matmul_n=n, seconds=min(times))
@@ -291,7 +269,7 @@ class CLIPWorker:
     rec, sizes, batch = self.rec, self.sizes, self.batch
     n_dev = jax.device_count()
     rate = matmul_rate(rec, sizes) if self.matmul else _matmul_from_rows(rec.out)
-    peak = datasheet_peak(jax.devices()[0].device_kind)
+    peak = record.datasheet_peak(jax.devices()[0].device_kind)
     state, layout = self.state, _state_layout(self.setups[0]) if self.setups else None
     for kind, s, (compiled, compile_s) in zip(self.configs, self.setups, self.compiled):
       config = _a_config(sizes, batch, kind)

@@ -134,3 +134,25 @@ def crosscheck_values() -> dict:
   """methods.md §1.7's expected values."""
   from ncjax.testing import NCU_CROSSCHECK
   return NCU_CROSSCHECK
+
+
+# Dense bf16 peaks of the cards' datasheets (without sparsity), FLOP/s, and where each figure is printed: MFU is
+# quoted against these, as published MFUs are. Matched against the device's name (nvidia-smi's, JAX's device kind).
+DATASHEET_BF16 = (
+    ("H100 PCIe", 756e12, "NVIDIA H100 datasheet (PCIe: 1,513 TFLOP/s with sparsity)"),
+    ("H100 NVL", 835e12, "NVIDIA H100 datasheet (NVL: 1,671 TFLOP/s with sparsity)"),
+    ("H200 NVL", 835e12, "NVIDIA H200 datasheet (NVL: 1,671 TFLOP/s with sparsity)"),
+    ("H100", 989e12, "NVIDIA H100 datasheet (SXM: 1,979 TFLOP/s with sparsity)"),
+    ("H200", 989e12, "NVIDIA H200 datasheet (SXM: 1,979 TFLOP/s with sparsity)"),
+    ("GH200", 989e12, "NVIDIA GH200 datasheet (1,979 TFLOP/s with sparsity)"),
+    ("A100", 312e12, "NVIDIA A100 datasheet (624 TFLOP/s with sparsity)"),
+    ("L40S", 362e12, "NVIDIA L40S datasheet (733 TFLOP/s with sparsity)"),
+)
+
+
+def datasheet_peak(device_name: str) -> tuple[float, str] | None:
+  """(dense bf16 FLOP/s, its source) of the card named `device_name`, None for a card not listed (or a CPU)."""
+  for key, flops, source in DATASHEET_BF16:
+    if key.lower() in device_name.lower():
+      return flops, source
+  return None
