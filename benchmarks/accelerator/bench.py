@@ -264,8 +264,8 @@ def measure(out: str, logs: str, sections: list[str], smoke: bool, budget_s: flo
       outcome[w.name]["status"] = "ok"
       if told[id(proc)] == len(proc.names):
         # its last turn: the next begins once the process has exited, since an allocator hands its pool back to
-        # the card only then (on an H100 the 512/GPU step asked for 58 GiB while the 256/GPU process, done but
-        # not yet gone, still held ~31 GiB: out of memory)
+        # the card only then (on an H100 the 512/GPU step, 58 GiB, ran out of memory right after the 256/GPU
+        # turn, whose process had held ~31 GiB; other processes' autotuning compiles were the other suspect)
         try:
           proc.proc.wait(timeout=max(0.1, min(plan_lib.GRACE_S[smoke], deadline - time.time())))
         except subprocess.TimeoutExpired:
