@@ -11,10 +11,25 @@ import os
 ACCELERATOR = os.environ.get("NCJAX_TEST_ACCELERATOR", "0") == "1"
 if not ACCELERATOR:
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# No persistent compilation cache: tests/shared_programs.py keeps each worker's programs in memory, and a disk cache
-# in front of it would load every repeat from disk again (a new executable, new memory maps); with it, a step with
-# FSDP all-gathers loaded from the cache hung in an earlier jaxlib's in-process collectives.
-os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+# The processes a test starts (the CLI runs, chaos, the GCS runs) share one persistent compilation cache per test
+# session: a killed run's restart, a resumed run and the reference run compile the same programs (the chaos test's
+# 6 runs: 114 s -> 91 s alone). The session's first process (xdist's controller, or a plain pytest) makes it empty
+# and removes it at the end (pytest_unconfigure); the workers inherit it. JAX in the test processes themselves
+# keeps it off (jax.config below): tests/shared_programs.py keeps each worker's programs in memory, and a disk
+# cache in front of it would load every repeat from disk again (a new executable, new memory maps). Processes of a
+# multi-process job get no cache (tests/multiprocess.py): only single processes were checked with it (an FSDP step
+# loaded from the cache once hung in an earlier jaxlib; on jaxlib 0.10.2 test_fsdp_mesh_matches_data_parallel
+# passes from it). A cache named in NCJAX_TEST_XLA_CACHE beforehand is used and kept.
+_OWNS_SUBPROCESS_CACHE = False
+if not ACCELERATOR:
+  if not os.environ.get("NCJAX_TEST_XLA_CACHE"):
+    import tempfile
+    os.environ["NCJAX_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="ncjax_test_xla_cache_")
+    _OWNS_SUBPROCESS_CACHE = True
+  os.environ.update(JAX_ENABLE_COMPILATION_CACHE="true", JAX_COMPILATION_CACHE_DIR=os.environ["NCJAX_TEST_XLA_CACHE"],
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+else:
+  os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 # Reference computations (numpy, scikit-learn) on one BLAS thread: the workers already take every core, and two
 # OpenBLAS threads per worker made scikit-learn's fits ~100x slower (the linear probe's: 39 s -> 0.3 s).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -33,6 +48,8 @@ from ncjax import runtime  # noqa: E402
 runtime.configure_cpu_devices(8)
 
 import jax  # noqa: E402
+
+jax.config.update("jax_enable_compilation_cache", False)   # in this process: the in-memory cache (above)
 
 # NCJAX_TEST_REPORTED_BACKEND=gpu: JAX's default backend reported as that platform while computing on the CPU — how
 # tests/test_accelerator_check.py checks that the GPU slice's tests hold whatever backend a host reports.
@@ -66,6 +83,12 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(pytest.mark.e2e)
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+def pytest_unconfigure(config):
+  if _OWNS_SUBPROCESS_CACHE:
+    import shutil
+    shutil.rmtree(os.environ["NCJAX_TEST_XLA_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture

@@ -18,9 +18,12 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def env(extra: dict | None = None) -> dict:
+def env(extra: dict | None = None, processes: int = 1) -> dict:
+  """The environment of a test's subprocess: the test session's compilation cache (tests/conftest.py) for a single
+  process; none for the processes of a multi-process job (the cache is checked there only for one process)."""
   out = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  out["JAX_ENABLE_COMPILATION_CACHE"] = "false"   # tests/conftest.py
+  if processes > 1:
+    out["JAX_ENABLE_COMPILATION_CACHE"] = "false"
   out.update(extra or {})
   return out
 
@@ -42,8 +45,8 @@ def start(args: list[str], *, processes: int = 2, devices: int = 4, log_dir: str
   procs = []
   for i, cmd in enumerate(commands(args, processes, devices, heartbeat_timeout)):
     log = open(os.path.join(log_dir, f"process_{i}.log"), "a")
-    procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env(extra_env), stdout=log, stderr=subprocess.STDOUT,
-                                  text=True))
+    procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env(extra_env, processes), stdout=log,
+                                  stderr=subprocess.STDOUT, text=True))
     log.close()
   return procs
 

@@ -10,7 +10,7 @@ def test_the_loop_emitter_flag_only_for_jaxlib_before_0_11(monkeypatch):
   for newer in ((0, 11, 0), (0, 11, 2)):
     monkeypatch.setattr(compat, "jaxlib_version", lambda v=newer: v)
     flags = compat.fast_compile_xla_flags()
-    assert flags == ("--xla_backend_optimization_level=0",)
+    assert flags == ("--xla_backend_optimization_level=0", "--xla_cpu_parallel_codegen_split_count=1")
 
 
 def test_versions_parse_and_the_installed_one_is_admitted():

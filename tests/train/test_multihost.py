@@ -31,7 +31,7 @@ def test_two_processes_match_one_process(tmp_path):
   port, steps = _free_port(), 3
   out = tmp_path / "params.npz"
   worker = os.path.join(ROOT, "tests", "multihost_worker.py")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, JAX_ENABLE_COMPILATION_CACHE="false")  # conftest.py
   procs = [subprocess.Popen([sys.executable, worker, str(i), "2", str(port), str(tmp_path / "mp"), str(out),
                              str(steps), "4"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for i in range(2)]
