@@ -26,8 +26,11 @@ if not ACCELERATOR:
     import tempfile
     os.environ["NCJAX_TEST_XLA_CACHE"] = tempfile.mkdtemp(prefix="ncjax_test_xla_cache_")
     _OWNS_SUBPROCESS_CACHE = True
+  # A size limit, because only a limited cache takes its file lock: unlimited, JAX writes an entry in place, and a
+  # process reading it meanwhile from the other worker's test gets a cut-off entry (a warning on its stderr).
   os.environ.update(JAX_ENABLE_COMPILATION_CACHE="true", JAX_COMPILATION_CACHE_DIR=os.environ["NCJAX_TEST_XLA_CACHE"],
-                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+                    JAX_COMPILATION_CACHE_MAX_SIZE=str(8 << 30))
 else:
   os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
 # Reference computations (numpy, scikit-learn) on one BLAS thread: the workers already take every core, and two
