@@ -1,6 +1,4 @@
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -33,18 +31,19 @@ def test_config_is_locked_against_unknown_keys():
 
 
 def test_cli_override_of_unknown_key_fails_naming_it(tmp_path):
-  out = subprocess.run([sys.executable, "-m", "ncjax.main", "--config=configs/clip.py", f"--workdir={tmp_path}",
-                        "--config.optim.lrr=0.1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  import cli_in_process
+  out = cli_in_process.run(["--config=configs/clip.py", f"--workdir={tmp_path}", "--config.optim.lrr=0.1"], cwd=ROOT)
   assert out.returncode != 0
   assert "lrr" in out.stderr
 
 
 def test_cli_requires_workdir_and_rejects_unknown_command():
-  out = subprocess.run([sys.executable, "-m", "ncjax.main", "--config=configs/clip.py"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+  # in this process (tests/cli_in_process.py): a real `python -m ncjax.main` that refuses its input is
+  # tests/cli/test_errors.py's
+  import cli_in_process
+  out = cli_in_process.run(["--config=configs/clip.py"], cwd=ROOT)
   assert out.returncode != 0 and "--workdir is required" in out.stderr
-  out = subprocess.run([sys.executable, "-m", "ncjax.main", "fly", "--config=configs/clip.py", "--workdir=/tmp/x"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+  out = cli_in_process.run(["fly", "--config=configs/clip.py", "--workdir=/tmp/x"], cwd=ROOT)
   assert out.returncode != 0 and "unknown command 'fly'" in out.stderr
 
 
