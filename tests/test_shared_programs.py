@@ -1,11 +1,16 @@
 """The suite's executable cache (tests/shared_programs.py): it shares programs, and it never holds the process's
 memory maps up to the kernel's limit (the `make test-all` segmentation fault of issue 37)."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import multiprocess
 import shared_programs
 
 
@@ -58,10 +63,6 @@ print(events["/jax/compilation_cache/cache_hits"], events["/jax/compilation_cach
 def test_a_tests_subprocesses_share_the_sessions_compilation_cache_and_a_multi_process_job_does_not(tmp_path):
   """tests/conftest.py: a single process the suite starts loads what an earlier one compiled (the same bits out);
   the processes of one multi-process job get no cache; the test process itself keeps its programs in memory."""
-  import os
-  import subprocess
-  import sys
-  import multiprocess
   assert os.path.isdir(os.environ["NCJAX_TEST_XLA_CACHE"])
   assert not jax.config.jax_enable_compilation_cache
   single, several = multiprocess.env(), multiprocess.env(processes=2)
