@@ -2,6 +2,7 @@
 import cycles. Function-local imports count: a lazy import is still a dependency."""
 
 import ast
+import functools
 import os
 
 import pytest
@@ -64,7 +65,13 @@ def _resolve(name: str, mods) -> str:
 
 
 def import_graph() -> dict[str, set[str]]:
-  """Module -> the ncjax modules it imports (anywhere in the file)."""
+  """Module -> the ncjax modules it imports (anywhere in the file); a copy each test may change."""
+  return {mod: set(deps) for mod, deps in _parsed_import_graph().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed_import_graph() -> dict[str, set[str]]:
+  # parsed once per process: five tests read it, and parsing the package's ~200 modules is most of their time
   mods = _modules()
   graph = {}
   for mod, path in mods.items():
