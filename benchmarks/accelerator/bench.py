@@ -242,6 +242,13 @@ def measure(out: str, logs: str, sections: list[str], smoke: bool, budget_s: flo
         continue
       pending.remove(w)
       decide(w.name, "skip")
+      proc = process_of[w.name]
+      if all(decided.get(n) == "skip" for n in proc.names) and proc.proc.poll() is None:
+        # no turn is left for it: what it still prepares would take the cores (and the card) from the turns
+        proc.kill()
+        stopped.add(id(proc))
+        for n in proc.names:
+          outcome[n].setdefault("note", "its turn no longer fitted before the deadline; its process was stopped")
     # the GPU goes to the highest-priority worker that can take it: the plan's order where each is ready in time,
     # and no waiting on a slow preparation while a later worker's is done
     w = next((w for w in pending if eligible(w) and leaves_room(w)), None)

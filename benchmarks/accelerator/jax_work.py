@@ -38,8 +38,10 @@ ATTENTION_KINDS = ("einsum", "xla", "cudnn")
 # fragmentation and the runtime's own buffers take some of the rest).
 MEMORY_HEADROOM = 0.97
 # d on the CPU (smoke run), which has no device memory limit: a nominal limit this many times the larger batch's
-# footprint, so that the search runs the same way.
-SMOKE_NOMINAL_LIMIT = 4.0
+# footprint, so that the search runs the same way. Just above that footprint, each line's prediction is the larger
+# batch itself: the remat line's candidate is then the program its point compiled (no compile of its own), the
+# other line's still compiles through the search's own lowering, and the real steps run at 16 pairs, not 80.
+SMOKE_NOMINAL_LIMIT = 1.25
 
 
 # --- data and configs --------------------------------------------------------------------------------------------
@@ -365,6 +367,7 @@ class MemoryWorker:
     self.b1, self.b2 = sorted(sizes.batches)[:2]
     self.data = _dataset("broadcast", self.b2 * n_dev)
     self.found = {}
+    self.programs = {}   # (remat, batch): (compiled, setup, compile seconds) of the programs compiled here
     points = {True: self._own_points(True)}
     memory = device_memory()
     points[False] = self._a_points(wait_for_a_s) or self._own_points(False)
@@ -382,6 +385,7 @@ class MemoryWorker:
     for remat in (True, False):   # remat's line is known first; each wave compiles one line's two candidates
       self.found[remat] = self._candidates(remat, points[remat])
       _fit_rows(rec, sizes, self.found[remat], remat, limit)
+    self.programs = {}   # what the search did not choose is not kept through the turns
 
   def _setup(self, remat: bool, batch: int) -> Setup:
     cfg = method_config("clip", "noise=0", model=self.sizes.model, global_batch=batch * self.n_dev,
@@ -397,6 +401,9 @@ class MemoryWorker:
     if not hasattr(self, "template"):
       self.template = setups[self.b1]
     results = compile_wave([s.lower(s.pipeline_batch()) for s in setups.values()], MEMORY_SEARCH_OPTIONS)
+    for (b, s), (compiled, compile_s) in zip(setups.items(), results):
+      if compiled is not None:
+        self.programs[(remat, b)] = (compiled, s, compile_s)
     return {b: footprint(compiled) if compiled is not None else None for b, (compiled, _) in zip(setups, results)}
 
   def _a_points(self, wait_s: float) -> dict | None:
@@ -422,10 +429,16 @@ class MemoryWorker:
     if not self.rec.fits("compile"):
       found["error"] = record.NOT_RUN_TIME
       return found
-    setups = [self._setup(remat, b) for b in batches]
-    results = compile_wave([s.lower(self._abstract_batch(self.template, b)) for s, b in zip(setups, batches)],
+    # a candidate this worker compiled already as a point of its line is that program (the same batch, the same
+    # options)
+    new = [b for b in batches if (remat, b) not in self.programs]
+    setups = {b: self._setup(remat, b) for b in new}
+    results = compile_wave([setups[b].lower(self._abstract_batch(self.template, b)) for b in new],
                            MEMORY_SEARCH_OPTIONS)
-    for b, s, (compiled, compile_s) in zip(batches, setups, results):
+    programs = {b: self.programs[(remat, b)] for b in batches if b not in setups}
+    programs.update({b: (compiled, setups[b], compile_s) for b, (compiled, compile_s) in zip(new, results)})
+    for b in batches:
+      compiled, s, compile_s = programs[b]
       if compiled is None:
         found.setdefault("error", compile_s)
         continue
