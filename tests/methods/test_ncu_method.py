@@ -13,8 +13,15 @@ from ncjax import checkpoint as ckpt_lib, train
 
 @pytest.fixture(scope="module")
 def clip_run(tmp_path_factory):
+  """A CLIP run's checkpoint as its trainer writes it before a first step: what NCU is checked on here is where it
+  starts from and what it trains, which needs a two-tower checkpoint, not a trained one (a CLIP step would be a
+  program no test here uses). Another seed than NCU's runs, so that their own initialisation of the towers differs
+  from this checkpoint in every parameter and a start that ignored it would show."""
   workdir = tmp_path_factory.mktemp("clip")
-  train.train(tiny_clip_config(total_steps=3, **TWO_TEXT_BLOCKS), str(workdir))
+  trainer = train.Trainer(tiny_clip_config(total_steps=3, seed=1, **TWO_TEXT_BLOCKS), str(workdir))
+  state, span = trainer.restore_or_init()
+  trainer.save(state, 0, span, force=True)
+  trainer.checkpointer.wait()
   return str(workdir)
 
 

@@ -38,9 +38,18 @@ def ncu_run(openai_checkpoint, tmp_path_factory):
                     total_steps=1)
   workdir = str(tmp_path_factory.mktemp("ncu_paper"))
   trainer = train.Trainer(cfg, workdir)
-  init = leaves(trainer.init_params())
+  # The parameters the run starts from, fetched as the run itself creates them: a second init to look at would cost
+  # as much again (the random init of the 49,408-token embedding runs ~10 s on XLA:CPU at -O0).
+  init, create = {}, trainer.init_params
+  trainer.init_params = lambda: _fetched(create(), into=init)
   result = trainer.run()
+  assert init, "the run did not create its parameters through Trainer.init_params"
   return workdir, init, result
+
+
+def _fetched(params, into: dict):
+  into.update(leaves(params))   # before the first step donates them
+  return params
 
 
 def test_ncu_paper_setting_starts_from_an_openai_checkpoint(openai_checkpoint, ncu_run):
@@ -120,14 +129,20 @@ def test_eval_init_evaluates_an_imported_model_on_an_image_folder(openai_checkpo
 
 
 def test_a_run_with_context_16_exports_and_loads_back_with_a_tokenizer_of_16(tmp_path):
-  """train -> export (open_clip) -> load_model -> encode_text(tokenizer(captions)) for a context other than 77.
+  """A run's checkpoint -> export (open_clip) -> load_model -> encode_text(tokenizer(captions)) for a context other
+  than 77.
 
   Until 2026-11-23 the tokenizer load_model returned padded to 77 whatever the model's context, and the model then
   refused its tokens ("text tower expects tokens of shape (batch, 16), got (3, 77)"). open_clip's own tokenizer of
   the exported folder is the independent reference for the ids."""
   workdir, out = tmp_path / "run", tmp_path / "exported"
-  result = train.train(tiny_clip_config(total_steps=1, **{"model.tokenizer": "clip_bpe"}), str(workdir))
-  run_tokenizer = result.experiment.tokenizer
+  # The run's checkpoint as its trainer writes it, before a first step: a step changes nothing the export, the
+  # tokenizer or the context is made of (and compiles the run's step, the costliest program here).
+  trainer = train.Trainer(tiny_clip_config(total_steps=1, **{"model.tokenizer": "clip_bpe"}), str(workdir))
+  state, span = trainer.restore_or_init()
+  trainer.save(state, 0, span, force=True)
+  trainer.checkpointer.wait()
+  run_tokenizer = trainer.exp.tokenizer
   assert run_tokenizer.kind == "clip_bpe" and run_tokenizer.context_length == 16
   params, meta, _ = ckpt_lib.restore_params(str(workdir))   # what `ncjax export` does (ncjax/cli/main.py)
   config = config_lib.from_json_dict(meta["config"])
@@ -140,6 +155,6 @@ def test_a_run_with_context_16_exports_and_loads_back_with_a_tokenizer_of_16(tmp
   np.testing.assert_array_equal(tokens, rm.import_open_clip().get_tokenizer(f"local-dir:{out}")(captions).numpy())
   np.testing.assert_array_equal(tokens, run_tokenizer.encode(captions))
   import jax
-  em = result.experiment.method.eval_model(result.params)
+  em = trainer.exp.method.eval_model(state["params"])
   ours = np.asarray(jax.jit(em.encode_text)(run_tokenizer.encode(captions)))
   np.testing.assert_allclose(np.asarray(model.encode_text(tokens)), ours, atol=1e-6, rtol=0)   # measured 1.9e-7
