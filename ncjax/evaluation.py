@@ -203,8 +203,8 @@ def restore_pretrained(config, spec: str, mesh=None):
                                          kind=resolved.model.tokenizer_kind)
   method = resolved.method(tokenizer=tokenizer, num_examples=0)
   param_sh = shard_lib.param_shardings(method.abstract_params(), mesh)
-  params = resolved.init.overlay(jax.jit(method.init_params, out_shardings=param_sh)(), method.abstract_params(),
-                                 param_sh)
+  params = resolved.init.overlay(shard_lib.initialise_params(method.init_params, method.abstract_params(), param_sh,
+                                                             mesh), method.abstract_params(), param_sh)
   return method, dict(step=0, params=params), resolved, tokenizer, mesh
 
 

@@ -55,6 +55,35 @@ def param_shardings(abstract_params, mesh):
   return jax.tree.map(lambda x: NamedSharding(mesh, _fsdp_spec(x.shape, fsdp_size)), abstract_params)
 
 
+def spread_over_mesh(abstract_params, param_sh, mesh):
+  """Shardings that split each parameter the mesh would otherwise hold whole on every device (replicated) along
+  its largest dimension divisible by the device count, over all the mesh's axes; a parameter already split (FSDP)
+  or with no such dimension keeps its sharding."""
+  n = mesh.devices.size
+  axes = tuple(mesh.axis_names)
+
+  def rule(x, sh):
+    if n == 1 or any(part is not None for part in sh.spec):
+      return sh
+    dims = [i for i, d in enumerate(x.shape) if d % n == 0]
+    if not dims:
+      return sh
+    dim = max(dims, key=lambda i: x.shape[i])
+    return NamedSharding(mesh, P(*[axes if i == dim else None for i in range(x.ndim)]))
+
+  return jax.tree.map(rule, abstract_params, param_sh)
+
+
+def initialise_params(init_fn, abstract_params, param_sh, mesh):
+  """`init_fn()`'s parameters laid out as `param_sh`, each value drawn once across the mesh: computed split over
+  every device (`spread_over_mesh`), then gathered. Computed under `param_sh` itself, a replicated parameter's
+  random initialisation would run whole on every device: on 8 CPU devices a 49,408-token embedding took 8-10 s
+  instead of ~1 s. JAX's threefry keys are partitionable (`jax_threefry_partitionable`, the default), so the
+  values are bitwise those of an unsplit initialisation."""
+  spread = spread_over_mesh(abstract_params, param_sh, mesh)
+  return jax.jit(lambda: jax.lax.with_sharding_constraint(init_fn(), spread), out_shardings=param_sh)()
+
+
 def state_shardings(abstract_state, mesh, capacity: int):
   """Per-sample arrays (leading dim == capacity, divisible by the device count) are split over all devices."""
   n = mesh.devices.size

@@ -67,7 +67,8 @@ class Trainer:
 
   # --- state creation / restore -------------------------------------------------------------------------------
   def init_params(self):
-    params = jax.jit(self.exp.method.init_params, out_shardings=self.param_sh)()
+    params = shard_lib.initialise_params(self.exp.method.init_params, self.abstract_params, self.param_sh,
+                                         self.exp.mesh)
     return self.exp.init.overlay(params, self.abstract_params, self.param_sh)
 
   def init_state(self, span: StageSpan):

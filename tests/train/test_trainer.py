@@ -155,3 +155,21 @@ def test_alternating_updates_train_only_their_own_groups(tmp_path):
   assert all(_changed(init["disc"], after["disc"]))
   assert any(_changed(init["model"]["txt"], after["model"]["txt"]))
   assert "disc/loss" in res.metrics and "enc/loss" in res.metrics
+
+
+@pytest.mark.parametrize("fsdp", [1, 2])
+def test_parameters_drawn_split_over_the_mesh_equal_those_drawn_whole_on_every_device(fsdp):
+  """shard_lib.initialise_params draws each replicated parameter split over the 8 devices and gathers it (a
+  49,408-token embedding: ~1 s instead of 8-10 s on 8 CPU devices): the same bits as the initialisation run whole
+  under the parameters' own shardings, data-parallel and FSDP."""
+  from ncjax import experiment, sharding as shard_lib
+  exp = experiment.build_experiment(tiny_clip_config(**{"mesh.fsdp": fsdp}))
+  abstract = exp.method.abstract_params()
+  param_sh = shard_lib.param_shardings(abstract, exp.mesh)
+  spread = shard_lib.spread_over_mesh(abstract, param_sh, exp.mesh)
+  embedding = spread["model"]["txt"]["token_embedding"]["embedding"]
+  assert any(part is not None for part in embedding.spec), embedding
+  drawn = shard_lib.initialise_params(exp.method.init_params, abstract, param_sh, exp.mesh)
+  whole = jax.jit(exp.method.init_params, out_shardings=param_sh)()
+  assert [x.sharding for x in jax.tree.leaves(drawn)] == jax.tree.leaves(param_sh)
+  _assert_trees_equal(whole, drawn)
