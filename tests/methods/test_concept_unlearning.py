@@ -1,5 +1,6 @@
 """MERU, AC and HAC end to end on digits, and every method's stance on MERU's Lorentz geometry."""
 
+import functools
 import json
 import os
 
@@ -33,6 +34,11 @@ def _trainer(name, geometry, tmp_path):
   return train.Trainer(cfg, str(tmp_path))
 
 
+# Methods whose training steps in this module run on MERU's Lorentz model, with finite losses: MERU's start model
+# (test_meru_trains_with_its_entailment_term) and HAC's calibration from it.
+TRAINED_IN_LORENTZ_BELOW = ("meru", "hac")
+
+
 @pytest.mark.parametrize("name", sorted(METHOD_CONFIGS))
 def test_each_method_works_in_the_lorentz_geometry_or_refuses_it(name, tmp_path):
   """A method either computes its loss through the geometry (finite on MERU's model: its sphere path is tested
@@ -42,17 +48,17 @@ def test_each_method_works_in_the_lorentz_geometry_or_refuses_it(name, tmp_path)
     if geometry not in supported:
       with pytest.raises(ValueError, match=rf"method '{name}' supports model.geometry in .* not '{geometry}'"):
         _trainer(name, geometry, tmp_path / geometry)
-  if "lorentz" not in supported:
+  if "lorentz" not in supported or name in TRAINED_IN_LORENTZ_BELOW:
     return
   trainer = _trainer(name, "lorentz", tmp_path / "run")
   exp, span = trainer.exp, trainer.spans[0]
-  state = trainer.init_state(span)
+  params = trainer.init_params()   # (no optimiser state: only the loss is computed)
+  method_state = jax.jit(functools.partial(exp.method.init_state, trainer.capacity), out_shardings=trainer.ms_sh)()
   batch, _, _ = next(exp.train_data.batches(0, 1))
   batch = {k: v for k, v in batch.items() if k not in ("clean", "label")}
   with jax.set_mesh(exp.mesh):
-    loss, _ = jax.jit(span.stage.updates[0].loss_fn)(state["params"], state["method_state"], batch,
-                                                     jax.random.PRNGKey(0))
-  assert np.isfinite(float(loss)) and exp.method.bind(state["params"]).model.geometry.name == "lorentz"
+    loss, _ = jax.jit(span.stage.updates[0].loss_fn)(params, method_state, batch, jax.random.PRNGKey(0))
+  assert np.isfinite(float(loss)) and exp.method.bind(params).model.geometry.name == "lorentz"
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +71,9 @@ def start_models(tmp_path_factory):
 
 def test_meru_trains_with_its_entailment_term(start_models):
   _, _, meru = start_models
+  assert meru.experiment.method.bind(meru.params).model.geometry.name == "lorentz"
   assert {"loss_contrastive", "loss_entailment", "curvature"} <= set(meru.metrics)
+  assert np.isfinite(meru.metrics["loss"])
   assert meru.metrics["loss"] == pytest.approx(meru.metrics["loss_contrastive"] + 0.2 * meru.metrics["loss_entailment"],
                                                rel=1e-5)
 
@@ -118,8 +126,8 @@ def test_calibration_runs_from_its_start_model_and_reports_forget_retain_metrics
                                                                                   tmp_path, monkeypatch):
   init = start_models[start]
   cfg = make_config(config_name, f"init={init},batch=32", total_steps=3)
-  with cfg.unlocked():
-    cfg.evals = load_config(config_name, f"init={init},batch=32").evals   # make_config drops them
+  with cfg.unlocked():   # the config's own unlearning evaluator (make_config drops evaluators)
+    cfg.evals = {"unlearning": load_config(config_name, f"init={init},batch=32").evals.unlearning}
   trainer = train.Trainer(cfg, str(tmp_path))
   start_params = leaves(trainer.init_params())
   from ncjax import checkpoint as ckpt_lib
@@ -128,6 +136,8 @@ def test_calibration_runs_from_its_start_model_and_reports_forget_retain_metrics
     np.testing.assert_array_equal(start_params[key], value)
   result = trainer.run()
   assert np.isfinite(result.metrics["loss"]) and "loss_neg" in result.metrics
+  geometry = result.experiment.method.bind(result.params).model.geometry.name
+  assert geometry == ("lorentz" if config_name == "hac" else "sphere")
   if config_name == "hac":
     assert {"loss_r_ent", "loss_f_ent", "loss_norm_reg"} <= set(result.metrics)
   spy = recompute.ScoreSpy(monkeypatch)
