@@ -32,15 +32,13 @@ from benchmarks import common
 from benchmarks.accelerator import record
 from benchmarks.flops import train_step_flops
 
-# 'auto' is the einsum path on a GPU; the three concrete kinds are what section a compares.
-ATTENTION_KINDS = ("einsum", "xla", "cudnn")
+ATTENTION_KINDS = ("einsum", "xla", "cudnn")   # what section a compares ('auto' is the einsum path on a GPU)
 # d: the predicted largest batch is aimed at this share of the device's memory limit (the allocator's
 # fragmentation and the runtime's own buffers take some of the rest).
 MEMORY_HEADROOM = 0.97
 # d on the CPU (smoke run), which has no device memory limit: a nominal limit this many times the larger batch's
-# footprint, so that the search runs the same way. Just above that footprint, each line's prediction is the larger
-# batch itself: the remat line's candidate is then the program its point compiled (no compile of its own), the
-# other line's still compiles through the search's own lowering, and the real steps run at 16 pairs, not 80.
+# footprint, so that the search runs the same way. Just above it, each line predicts the larger batch: the remat
+# line's candidate is its point's program, the other line's compiles through the search's lowering.
 SMOKE_NOMINAL_LIMIT = 1.25
 
 
@@ -385,7 +383,7 @@ class MemoryWorker:
     for remat in (True, False):   # remat's line is known first; each wave compiles one line's two candidates
       self.found[remat] = self._candidates(remat, points[remat])
       _fit_rows(rec, sizes, self.found[remat], remat, limit)
-    self.programs = {}   # what the search did not choose is not kept through the turns
+    self.programs = {}   # what the search did not choose is not kept
 
   def _setup(self, remat: bool, batch: int) -> Setup:
     cfg = method_config("clip", "noise=0", model=self.sizes.model, global_batch=batch * self.n_dev,
@@ -401,9 +399,8 @@ class MemoryWorker:
     if not hasattr(self, "template"):
       self.template = setups[self.b1]
     results = compile_wave([s.lower(s.pipeline_batch()) for s in setups.values()], MEMORY_SEARCH_OPTIONS)
-    for (b, s), (compiled, compile_s) in zip(setups.items(), results):
-      if compiled is not None:
-        self.programs[(remat, b)] = (compiled, s, compile_s)
+    self.programs.update({(remat, b): (compiled, s, compile_s)
+                          for (b, s), (compiled, compile_s) in zip(setups.items(), results) if compiled is not None})
     return {b: footprint(compiled) if compiled is not None else None for b, (compiled, _) in zip(setups, results)}
 
   def _a_points(self, wait_s: float) -> dict | None:
@@ -429,8 +426,7 @@ class MemoryWorker:
     if not self.rec.fits("compile"):
       found["error"] = record.NOT_RUN_TIME
       return found
-    # a candidate this worker compiled already as a point of its line is that program (the same batch, the same
-    # options)
+    # a candidate compiled already as a point of its line is that program (the same batch and options)
     new = [b for b in batches if (remat, b) not in self.programs]
     setups = {b: self._setup(remat, b) for b in new}
     results = compile_wave([setups[b].lower(self._abstract_batch(self.template, b)) for b in new],
