@@ -12,6 +12,7 @@ images. `write_ncr_layout` writes the same data as NCR's `{split}_ims.npy` + `{s
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -27,7 +28,15 @@ SIZES = dict(train=1200, test=200, dev=200)
 
 def generate(num_images: int, *, seed: int, captions_per_image: int = 2, regions: int = 12, feature_dim: int = 64,
              objects_per_image: int = 3, noise: float = 0.35):
-  """(features (n, regions, feature_dim) float32, captions list, caption_to_image)."""
+  """(features (n, regions, feature_dim) float32, captions list, caption_to_image); the arrays read-only, shared
+  by every call with the same arguments (each experiment on this data loads its splits again: ~1 s each)."""
+  feats, captions, c2i = _generate(num_images, seed, captions_per_image, regions, feature_dim, objects_per_image,
+                                   noise)
+  return feats, list(captions), c2i
+
+
+@functools.lru_cache(maxsize=8)
+def _generate(num_images, seed, captions_per_image, regions, feature_dim, objects_per_image, noise):
   concept_rng = np.random.default_rng(0)
   concepts = concept_rng.normal(size=(len(OBJECTS), feature_dim)) / np.sqrt(feature_dim) * 3.0
   rng = np.random.default_rng(seed)
@@ -48,7 +57,9 @@ def generate(num_images: int, *, seed: int, captions_per_image: int = 2, regions
         text = f"a {EXCLUSIVE[rng.integers(len(EXCLUSIVE))]} scene with " + text
       captions.append(text)
       c2i.append(i)
-  return feats, captions, np.asarray(c2i, np.int64)
+  c2i = np.asarray(c2i, np.int64)
+  feats.flags.writeable = c2i.flags.writeable = False
+  return feats, tuple(captions), c2i
 
 
 def load(split: str, image_size: int = 0, *, num_images: int | None = None, **kwargs) -> PairSplit:
