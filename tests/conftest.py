@@ -73,10 +73,10 @@ E2E_DIRS = ("methods", "train", "cli")
 
 
 # The longest tests start first, so that the workers finish together (xdist hands tests out in collection order).
-LONGEST_FIRST = ("test_chaos.py", "test_object_store.py", "test_multiprocess_evaluation.py", "test_accelerator_check.py",
-                 "test_cli.py", "test_sweep_cli.py",
-                 "test_eval_suite.py", "test_audit.py", "test_web_audit.py", "test_bad_inputs.py", "test_multihost.py", "test_pretrained_runs.py",
-                 "test_concept_unlearning.py", "test_gsc_bayes_methods.py", "test_ncu_method.py", "test_own_data.py")
+LONGEST_FIRST = ("test_accelerator_check.py", "test_multiprocess_evaluation.py", "test_object_store.py", "test_chaos.py",
+                 "test_ncu_method.py", "test_own_data.py", "test_cli.py", "test_sweep_cli.py", "test_eval_suite.py",
+                 "test_audit.py", "test_web_audit.py", "test_bad_inputs.py", "test_multihost.py",
+                 "test_pretrained_runs.py", "test_concept_unlearning.py", "test_gsc_bayes_methods.py")
 
 
 def pytest_collection_modifyitems(config, items):
