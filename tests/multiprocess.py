@@ -63,6 +63,14 @@ def wait(procs, timeout: float = 900) -> list[int]:
   return codes
 
 
+def record_writes(under: str, log: str) -> dict:
+  """Extra environment under which every process but process 0 records the files it opens for writing under
+  `under` into `log` (tests/write_audit/sitecustomize.py), its first line saying it watches."""
+  audit = os.path.join(ROOT, "tests", "write_audit")
+  return dict(NCJAX_TEST_WRITES_UNDER=under, NCJAX_TEST_WRITES_LOG=log,
+              PYTHONPATH=os.pathsep.join([audit, ROOT, os.environ.get("PYTHONPATH", "")]))
+
+
 def run(args: list[str], *, processes: int = 2, devices: int = 4, log_dir: str, extra_env=None,
         timeout: float = 900) -> list[int]:
   """Run to the end; the exit status of every process."""

@@ -24,7 +24,11 @@ _QUIET = ["--config.log.progress=False"]
 def _train_2x4_then_evaluate_1x8(tmp_path, config: str, extra=()):
   workdir = tmp_path / "run"
   args = ["train", f"--config={config}", f"--workdir={workdir}", *_QUIET, *extra]
-  codes = multiprocess.run(args, log_dir=str(tmp_path / "train_logs"))
+  # process 1 records what it opens for writing in the run's eval directory: nothing (process 0 writes each file;
+  # the two would write the same names, so the directory's listing alone cannot tell)
+  writes = tmp_path / "process_1_writes.log"
+  watched = multiprocess.record_writes(str(workdir / "eval"), str(writes))
+  codes = multiprocess.run(args, log_dir=str(tmp_path / "train_logs"), extra_env=watched)
   assert codes == [0, 0], multiprocess.logs(str(tmp_path / "train_logs"))
   (final_json,) = [f for f in os.listdir(workdir / "eval") if f.endswith(".json")]
   two = json.loads((workdir / "eval" / final_json).read_text())
@@ -34,8 +38,11 @@ def _train_2x4_then_evaluate_1x8(tmp_path, config: str, extra=()):
   evaluated = {}
   logs = str(tmp_path / "eval_logs_2")
   (workdir / "eval" / final_json).unlink()   # what is compared next is what this eval wrote, not an older file
-  codes = multiprocess.run(["eval", f"--checkpoints={workdir}:latest"], processes=2, devices=4, log_dir=logs)
+  codes = multiprocess.run(["eval", f"--checkpoints={workdir}:latest"], processes=2, devices=4, log_dir=logs,
+                           extra_env=watched)
   assert set(codes) == {0}, multiprocess.logs(logs)
+  watching = writes.read_text().splitlines()   # (a line per Python process started as process 1: each job's, and
+  assert len(watching) >= 2 and set(watching) == {"watching --process_id=1"}, watching   # any it starts itself)
   evaluated[2] = json.loads((workdir / "eval" / final_json).read_text())
   (workdir / "eval" / final_json).unlink()
   from ncjax import evaluation
