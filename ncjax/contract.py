@@ -90,10 +90,35 @@ def chain_post_updates(*fns: PostUpdate | None) -> PostUpdate | None:
   return run
 
 
+class ParamsFunctions:
+  """A model's evaluation functions as functions of its parameters — `build(params)` is its EvalModel — each jitted
+  once per (function name, output sharding) with the parameters an argument.
+
+  Jitting `EvalModel.encode_image` itself would close over the parameters, and XLA embeds closed-over arrays in the
+  program as constants: every evaluation would trace and compile its encoders anew, into a program carrying the
+  whole model as literals."""
+
+  def __init__(self, build: Callable[[Any], "EvalModel"]):
+    self._build = build
+    self._jitted: dict = {}
+
+  def jitted(self, name: str, out_shardings=None) -> Callable:
+    """jit((params, *args) -> build(params).<name>(*args)), built on the first call for (name, out_shardings)."""
+    key = (name, out_shardings)
+    if key not in self._jitted:
+      def apply(params, *args):
+        return getattr(self._build(params), name)(*args)
+      apply.__name__ = apply.__qualname__ = name
+      self._jitted[key] = (jax.jit(apply) if out_shardings is None else
+                           jax.jit(apply, out_shardings=out_shardings))
+    return self._jitted[key]
+
+
 @dataclasses.dataclass
 class EvalModel:
   """What evaluators need: encoders into the model's geometry and the score they rank by. Each model kind builds
-  its own (`TwoTower.eval_model()`, the region models'); a method attaches its per-sample `clean_scores`."""
+  its own (`TwoTower.eval_model()`, the region models'); a method attaches its per-sample `clean_scores`, its
+  parameters and its `ParamsFunctions` (what `jitted` compiles once per model instead of once per evaluation)."""
   encode_image: Callable[[jax.Array], jax.Array]
   encode_text: Callable[[jax.Array], jax.Array]
   score: Callable[[jax.Array, jax.Array], jax.Array]
@@ -106,6 +131,17 @@ class EvalModel:
   # cleaner), and the set it flags as noisy (or None); None when the method keeps none (evaluators then score
   # each training pair with `score` / `pair_score`).
   clean_scores: tuple[jax.Array, jax.Array | None] | None = None
+  params: Any = None
+  functions: ParamsFunctions | None = None
+
+  def jitted(self, name: str, out_shardings=None) -> Callable:
+    """The function `name` (encode_image, score, ...) jitted: through `functions` with the parameters an argument
+    where the model carries them, else the function itself (its closure then part of the program)."""
+    if self.functions is not None and self.params is not None:
+      fn = self.functions.jitted(name, out_shardings)
+      return lambda *args: fn(self.params, *args)
+    own = getattr(self, name)
+    return jax.jit(own) if out_shardings is None else jax.jit(own, out_shardings=out_shardings)
 
 
 def combined_eval_model(parts: Sequence[EvalModel]) -> EvalModel:

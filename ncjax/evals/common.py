@@ -18,26 +18,28 @@ import jax.numpy as jnp
 from ncjax import sharding as shard_lib
 
 
-def _batched_apply(fn, arrays, batch_size: int, mesh) -> np.ndarray:
-  """fn over `arrays` (numpy rows, or a lazily decoded view indexable by an index array) in global batches split
-  over the mesh; the result, whole, on every process."""
+def _batched_apply(eval_model, name: str, arrays, batch_size: int, mesh) -> np.ndarray:
+  """eval_model.<name> over `arrays` (numpy rows, or a lazily decoded view indexable by an index array) in global
+  batches split over the mesh; the result, whole, on every process. Every batch has one shape (the last one padded
+  by repeating the final row), so each split compiles one program, and a model carrying its parameters
+  (`EvalModel.jitted`) compiles it once per run, not once per evaluation."""
   n_dev = mesh.devices.size
-  batch_size = max(n_dev, (batch_size // n_dev) * n_dev)
-  sh = shard_lib.batch_sharding(mesh)
-  apply = jax.jit(fn, out_shardings=shard_lib.replicated(mesh))
   n = len(arrays)
   if n == 0:
     return np.zeros((0,), np.float32)
+  batch_size = max(n_dev, (batch_size // n_dev) * n_dev)
+  batch_size = min(batch_size, n + (-n) % n_dev)   # a split smaller than a batch: one batch of its own size
+  sh = shard_lib.batch_sharding(mesh)
+  apply = eval_model.jitted(name, shard_lib.replicated(mesh))
   row_shape = np.asarray(arrays[np.asarray([0])]).shape[1:]
+  shape = (batch_size,) + row_shape
   out = []
   for start in range(0, n, batch_size):
     size = min(batch_size, n - start)
-    padded = size + (-size) % n_dev
-    shape = (padded,) + row_shape
 
     def rows(index, start=start):
       # this device's rows of the padded batch; rows past the data repeat the last one
-      wanted = np.minimum(np.arange(padded)[index[0]] + start, n - 1)
+      wanted = np.minimum(np.arange(batch_size)[index[0]] + start, n - 1)
       return np.asarray(arrays[wanted])
 
     res = apply(jax.make_array_from_callback(shape, sh, rows))
@@ -46,20 +48,20 @@ def _batched_apply(fn, arrays, batch_size: int, mesh) -> np.ndarray:
 
 
 def embed_images(eval_model, images, batch_size: int, mesh) -> np.ndarray:
-  return _batched_apply(eval_model.encode_image, images, batch_size, mesh)
+  return _batched_apply(eval_model, "encode_image", images, batch_size, mesh)
 
 
 def embed_texts(eval_model, tokens: np.ndarray, batch_size: int, mesh) -> np.ndarray:
-  return _batched_apply(eval_model.encode_text, np.asarray(tokens), batch_size, mesh)
+  return _batched_apply(eval_model, "encode_text", np.asarray(tokens), batch_size, mesh)
 
 
 def image_features(eval_model, images, batch_size: int, mesh) -> np.ndarray:
-  return _batched_apply(eval_model.image_features, images, batch_size, mesh)
+  return _batched_apply(eval_model, "image_features", images, batch_size, mesh)
 
 
 def score_matrix(eval_model, a: np.ndarray, b: np.ndarray) -> np.ndarray:
   """The model's score of host embeddings (this process's own device; every process computes the same)."""
-  return np.asarray(jax.jit(eval_model.score)(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)),
+  return np.asarray(eval_model.jitted("score")(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)),
                     np.float32)
 
 

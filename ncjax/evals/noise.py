@@ -93,7 +93,7 @@ def pair_scores(eval_model, pairs, tokenizer, batch_size, mesh) -> np.ndarray:
   pairs_img = img[pairs.caption_to_image]
   out = np.empty(len(txt), np.float32)
   if eval_model.pair_score is not None:    # aligned pairs only (a learned similarity's full block is costly)
-    fn = jax.jit(eval_model.pair_score)
+    fn = eval_model.jitted("pair_score")
     for s in range(0, len(txt), batch_size):
       out[s:s + batch_size] = np.asarray(fn(jnp.asarray(pairs_img[s:s + batch_size]),
                                             jnp.asarray(txt[s:s + batch_size])), np.float32)

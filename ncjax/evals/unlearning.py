@@ -123,8 +123,7 @@ class Unlearning(Evaluator):
     return {k: v for k, v in out.items() if not isinstance(v, (bool, str))}
 
   def _norms(self, eval_model, img, txt, forget_images, caption_to_image) -> dict:
-    import jax
-    norm = jax.jit(eval_model.norm)
+    norm = eval_model.jitted("norm")
     img_n, txt_n = np.asarray(norm(img)), np.asarray(norm(txt))
     forget_caps = forget_images[np.asarray(caption_to_image)]
     groups = {"forget images": img_n[forget_images], "retain images": img_n[~forget_images],

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
 import numpy as np
 from flax import nnx
 
-from ncjax.contract import (DIAGNOSTIC_KEYS, EvalModel, ParamGroup, PyTree, Stage, Update, combined_eval_model,
-                            flat_paths, group_labels, param_path, scalar_metrics, strip_diagnostics)
+from ncjax.contract import (DIAGNOSTIC_KEYS, EvalModel, ParamGroup, ParamsFunctions, PyTree, Stage, Update,
+                            combined_eval_model, flat_paths, group_labels, param_path, scalar_metrics,
+                            strip_diagnostics)
 from ncjax.models import ModelSpec
 from ncjax.options import NoOptions, Options
 
@@ -199,10 +201,15 @@ class Method(abc.ABC):
     """The modules evaluated (default: 'model')."""
     return ("model",)
 
+  @functools.cached_property
+  def _eval_functions(self) -> ParamsFunctions:
+    """`model_for_eval` as a function of the parameters, jitted once per method (not once per evaluation)."""
+    return ParamsFunctions(self.model_for_eval)
+
   def eval_model(self, params: PyTree, state: PyTree | None = None) -> EvalModel:
     """What every evaluator receives: `model_for_eval(params)` with the method's per-sample clean scores of the
     training pairs attached when the state is given and the method keeps them."""
-    model = self.model_for_eval(params)
+    model = dataclasses.replace(self.model_for_eval(params), params=params, functions=self._eval_functions)
     if state is not None:
       model = dataclasses.replace(model, clean_scores=self.clean_scores(params, state))
     return model

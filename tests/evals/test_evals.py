@@ -172,3 +172,28 @@ def test_plots_are_written(tmp_path):
   for p in (p1, p2):
     with open(p, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_evaluation_embeds_as_the_model_does_and_a_later_one_reuses_its_compiled_encoders(devices):
+  """Every batch of a split has one shape (the last one padded), and the parameters are an argument of the jitted
+  encoder, not constants of its program: an evaluation with other parameters (the next periodic one) runs the
+  program the first one compiled, and both embed as the model itself does, row for row."""
+  import jax
+  from helpers import make_config
+  from ncjax import sharding as shard_lib
+  from ncjax.evals import common
+  from ncjax.experiment import method_from_config
+  from ncjax.tokenizers import WordTokenizer
+  method = method_from_config(make_config("clip"), tokenizer=WordTokenizer.build(["a b"], context_length=16),
+                              num_examples=16)
+  mesh = jax.sharding.Mesh(np.asarray(devices[:2]), ("data",))
+  side = method.model_spec.image_size
+  images = np.random.default_rng(0).normal(size=(10, side, side, 3)).astype(np.float32)
+  first = method.init_params()
+  later = jax.tree.map(lambda p: p * 1.5, first)
+  for params in (first, later):
+    eval_model = method.eval_model(params)
+    got = common.embed_images(eval_model, images, 4, mesh)   # batches of 4 rows: 4, 4, then 2 padded to 4
+    np.testing.assert_allclose(got, np.asarray(method.model_for_eval(params).encode_image(images)), atol=2e-5)
+  encoder = method.eval_model(first).functions.jitted("encode_image", shard_lib.replicated(mesh))
+  assert encoder._cache_size() == 1   # one trace, one program, for both parameter sets and all three batches
