@@ -17,7 +17,16 @@ PLUGIN = os.path.join(ROOT, "tests", "plugins", "toy_plugin.py")
 CONFIG = os.path.join(ROOT, "tests", "plugins", "toy_config.py")
 
 
-def test_a_plugin_method_trains_through_the_cli_with_periodic_and_final_evaluation(tmp_path):
+def test_a_plugin_method_trains_through_the_cli_with_periodic_and_final_evaluation(tmp_path, monkeypatch):
+  # The evaluators' plots (drawn in tests/evals/test_evals.py, written by a real run in
+  # tests/train/test_multiprocess_evaluation.py) are not drawn here, three histograms of them for two steps: what
+  # they would draw is recorded instead, and checked below.
+  from ncjax.evals import plots
+  drawn = {}
+  monkeypatch.setattr(plots, "plot_clean_noisy_histogram", lambda scores, clean, path, title="", **_: drawn.setdefault(
+      os.path.basename(path), []).append((np.asarray(scores), np.asarray(clean))) or path)
+  monkeypatch.setattr(plots, "plot_similarity_distributions", lambda sim, c2i, path, title="": drawn.setdefault(
+      os.path.basename(path), []).append(np.shape(sim)) or path)
   out = cli_in_process.run(["train", f"--plugins={PLUGIN}", f"--config={CONFIG}:batch=64", f"--workdir={tmp_path}",
                             "--cpu_devices=8", "--config.total_steps=4", "--config.log.progress=False",
                             "--config.evals.noise_detection.every_steps=2"], cwd=ROOT)
@@ -48,6 +57,15 @@ def test_a_plugin_method_trains_through_the_cli_with_periodic_and_final_evaluati
   np.testing.assert_array_equal(saved["scores"], -hinge)
   np.testing.assert_array_equal(saved["clean"], clean)
   assert final["results"]["noise_detection"]["auc"] == pytest.approx(roc_auc_score(clean, -hinge), abs=1e-9)
+  # the plots: a histogram of those scores at each evaluation (the periodic ones and the final one at step 4), and
+  # the test split's similarities at the end
+  assert sorted(drawn) == ["step_2_clean_noisy.png", "step_4_clean_noisy.png", "step_4_similarity.png"], drawn
+  assert len(drawn["step_2_clean_noisy.png"]) == 1 and len(drawn["step_4_clean_noisy.png"]) == 2
+  for scores, flags in drawn["step_4_clean_noisy.png"]:
+    np.testing.assert_array_equal(scores, -hinge)
+    np.testing.assert_array_equal(flags, clean)
+  (shape,) = drawn["step_4_similarity.png"]
+  assert len(shape) == 2 and min(shape) > 0
 
 
 BENCH = "methods=toy_hinge,noise=0.4,seeds=1,epochs=1,batch=64,model=micro,reference="

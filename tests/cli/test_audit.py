@@ -63,7 +63,7 @@ def _rows(out):
     return list(csv.DictReader(f))
 
 
-def test_audit_ranks_every_pair_by_the_runs_scores_or_by_similarity(gsc_run, tmp_path):
+def test_audit_ranks_every_pair_by_the_runs_scores_or_by_similarity(gsc_run, tmp_path, monkeypatch):
   workdir, labels = gsc_run
   out = tmp_path / "report"
   result = audit.run(str(out), top=12, checkpoint=workdir)        # default: the run's own training pairs
@@ -84,10 +84,14 @@ def test_audit_ranks_every_pair_by_the_runs_scores_or_by_similarity(gsc_run, tmp
   with Image.open(out / thumbs[0]) as im:
     assert min(im.size) >= 64                 # small digits enlarged
 
-  # the same run on a user's table (with a ground-truth clean column): the model's similarity of each pair
+  # the same run on a user's table (with a ground-truth clean column): the model's similarity of each pair. Its
+  # report's plots (drawn above for the run's own pairs) are not drawn again: what they would show is recorded.
   table = _table(tmp_path / "table")
   out2 = tmp_path / "report_table"
+  plotted = []
+  monkeypatch.setattr(audit, "_plots", lambda result, out: plotted.append(result) or {})
   result = audit.run(str(out2), top=5, checkpoint=workdir, dataset=f"table:{table}", split="test")
+  assert plotted == [result]
   assert result.score_kind == "similarity" and result.clean is not None and (~result.clean).sum() == 3
   rows = _rows(out2)
   assert len(rows) == 12 and rows[0]["image"].endswith(".png") and "clean" in rows[0]

@@ -84,6 +84,17 @@ def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, bu
   result_file = out / "run_step20" / "image_folder_folder_val.json"
   stamped_zs = dict(folder_zs, acc1=0.123456)
   result_file.write_text(json.dumps(dict(json.loads(result_file.read_text()), tasks=dict(zeroshot=stamped_zs))))
+  # The suites below write their summaries as the CLI's did (checked above) and draw their summary.png again: not
+  # drawn here, their plot's table recorded instead (one per suite run).
+  plotted = []
+  monkeypatch.setattr(eval_suite, "_plot", lambda models, columns, table, path: plotted.append(table))
+  # The probe's inputs and result recorded as the evaluator calls ncjax.evals.linear_probe.linear_probe (checked
+  # below against the checkpoint's own features computed here; the function itself against scikit-learn in
+  # tests/evals/test_evals.py): the same fit again here would only repeat it.
+  from ncjax.evals import linear_probe as lp
+  probes, fit_probe = [], lp.linear_probe
+  monkeypatch.setattr(lp, "linear_probe", lambda *args, **kwargs: probes.append(
+      (args, kwargs, fit_probe(*args, **kwargs))) or probes[-1][2])
   from threadpoolctl import threadpool_limits
   with threadpool_limits(limits=1, user_api="blas"):   # tiny products (tests/evals/test_evals.py says why)
     rows = eval_suite.run_suite(entries, models, str(out), skip_existing=True, workers=2)
@@ -123,36 +134,39 @@ def test_suite_over_checkpoints_with_skip_existing_and_a_suite_file(tmp_path, bu
   assert [p for p in encoded if p.startswith(("a photo of the number digit", "the digit digit"))] == prompts
   zs = json.loads((tmp_path / "out_user" / "run_step20" / "image_folder_folder_val.json").read_text())
   got = zs["tasks"]["zeroshot"]
-  (mine, theirs), probe = _zero_shot(run, folder, [(names, templates), (tuple(digits.CLASS_NAMES), None)])
-  # the probe's result is scikit-learn's protocol on the checkpoint's own pre-projection features (computed here)
+  (mine, theirs), (features, labels) = _zero_shot(run, folder, [(names, templates), (tuple(digits.CLASS_NAMES), None)])
+  # the probe's result is scikit-learn's protocol on the checkpoint's own pre-projection features (computed here):
+  # the evaluator's one fit took those features and labels, split as the protocol splits them, and its result is
+  # the one kept on disk
+  (args, kwargs, probe), = probes
+  fit, held_out = lp.train_val_split(len(features))
+  for given, expected in zip(args, (features[fit], labels[fit], features[held_out], labels[held_out], features,
+                                    labels)):
+    np.testing.assert_allclose(given, expected, rtol=0, atol=1e-5)
+  assert args[6:] == (10,) and kwargs == dict(protocol="sklearn")
   assert kept["tasks"]["linear_probe"] == pytest.approx(probe, abs=1e-6), (kept["tasks"]["linear_probe"], probe)
   assert mine != theirs, (mine, theirs)
   assert (got["acc1"], got["acc5"], got["mean_per_class_recall"]) == pytest.approx(mine, abs=1e-6), (got, mine)
   assert {r["task"] for r in user} == {"zeroshot"}
+  assert len(plotted) == 3 and list(plotted[-1].values()) == [got["acc1"]]
 
 
 def _zero_shot(run, folder, prompt_sets):
   """For each (class names, templates) of `prompt_sets`: (top-1 accuracy, top-5 accuracy, mean per-class recall) of
   checkpoint 20 of `run` on the folder's val images, recomputed from embeddings computed once: tests/recompute.py's
   prompt ensemble over `templates` (None: CLIP's 80 ImageNet templates, what an image folder gets by default); and
-  the linear probe's result (scikit-learn's protocol, val fitted and tested) on the images' pre-projection features."""
+  (the images' pre-projection features, their labels), what a linear probe fits."""
   import jax
   import ml_collections
   import recompute
   from ncjax import data as data_lib, experiment
-  from ncjax.evals import linear_probe as lp
   from ncjax.evals import zeroshot
-  from threadpoolctl import threadpool_limits
   em, img, _, split, tokenizer, config = recompute.checkpoint_embeddings(
       str(run), 20, ml_collections.ConfigDict(dict(dataset=f"image_folder:{folder}", data_dir="")), "val")
   labels = np.asarray(split.image_labels)
   image_size = experiment.resolve(config).model.image_size
   images = data_lib.eval_images(split, image_size, config.input.normalization, config.input.resize)
   features = np.asarray(jax.jit(em.image_features)(np.asarray(images[np.arange(split.num_images)])))
-  fit, held_out = lp.train_val_split(len(features))
-  with threadpool_limits(limits=1, user_api="blas"):
-    probe = lp.linear_probe(features[fit], labels[fit], features[held_out], labels[held_out], features, labels,
-                            len(split.class_names), protocol="sklearn")
   out = []
   for class_names, templates in prompt_sets:
     weights = recompute.zero_shot_weights(em, tokenizer, class_names, templates or zeroshot.templates_for("imagenet80"))
@@ -162,7 +176,7 @@ def _zero_shot(run, folder, prompt_sets):
     recalls = [float(np.mean(pred[labels == c] == c)) for c in np.unique(labels)]
     out.append((float(np.mean(pred == labels)), float(np.mean([y in t for y, t in zip(labels, top5)])),
                 float(np.mean(recalls))))
-  return out, probe
+  return out, (features, labels)
 
 
 def test_user_class_names_and_templates_reach_the_classifier(tmp_path):
@@ -199,7 +213,7 @@ def test_dataset_specs_aliases_and_tasks():
     eval_suite.entry_tasks(entries[0], split)
 
 
-def test_suite_on_a_pretrained_model(tmp_path):
+def test_suite_on_a_pretrained_model(tmp_path, monkeypatch):
   # a reduced random CLIP in OpenAI's layout (1 + 1 layers: the import's parity with PyTorch is tests/models/
   # test_pretrained.py's), evaluated as it is (no training), serially decoded
   import torch
@@ -213,7 +227,10 @@ def test_suite_on_a_pretrained_model(tmp_path):
   assert [m.label for m in models] == ["openai_ViT-tiny"]
   entries = [eval_suite.SuiteEntry(f"image_folder:{tmp_path / 'folder'}", "val", ("auto", "retrieval"),
                                    options=dict(templates="single"))]
+  plotted = []   # summary.png is drawn in the test above; here its table is recorded instead
+  monkeypatch.setattr(eval_suite, "_plot", lambda models, columns, table, path: plotted.append(models))
   rows = eval_suite.run_suite(entries, models, str(tmp_path / "out"), config=load_config("clip"), workers=0)
+  assert plotted == [["openai_ViT-tiny"]]
   assert [(r["model"], r["task"]) for r in rows] == [("openai_ViT-tiny", "zeroshot"), ("openai_ViT-tiny", "retrieval")]
   record = json.loads((tmp_path / "out" / "openai_ViT-tiny" / "image_folder_folder_val.json").read_text())
   assert record["init"] == f"openai:{path}" and set(record["tasks"]) == {"zeroshot", "retrieval"}

@@ -214,8 +214,21 @@ def check_another_sweep_in_the_same_workdir_is_refused_and_nothing_runs(small):
   line = _one_error_line(out, 2)
   assert "holds another sweep" in line and "optim.lr" in line and "0.003" in line and "0.01" in line
   assert sorted(os.listdir(os.path.join(workdir, "runs"))) == before
-  again = small.sweep([*small.args, "--report"], workdir)        # the same sweep: its report, nothing trained
+  # the same sweep: its report, nothing trained. Its plots are the ones the whole sweep drew (checked above): in this
+  # process they are not drawn again, the report's call for them recorded instead.
+  from unittest import mock
+  from ncjax.sweep import results
+  replotted = []
+  with mock.patch.object(results, "write_plots", lambda rows, keys, metrics, workdir: replotted.append(
+      (len(rows), keys, sorted(metrics))) or []):
+    again = small.sweep([*small.args, "--report"], workdir)
   assert again.returncode == 0 and "[sweep]" not in again.stdout and "best point" in again.stdout
+  if small.sweep is _sweep_in_process:   # the report plots what the whole sweep drew
+    (points, keys, metrics), = replotted
+    assert points == small.points and keys == ["optim.lr"], replotted
+    assert {"retrieval/rsum", "val_retrieval/rsum"} <= set(metrics), metrics
+    for metric in metrics:
+      assert os.path.isfile(os.path.join(workdir, f"plot_{metric.replace('/', '_')}_vs_optim.lr.png")), metric
 
 
 def test_bad_inputs_end_in_one_line_and_run_nothing(tmp_path):

@@ -198,7 +198,7 @@ def test_two_processes_score_every_pair_as_one_process_does(scored, tmp_path):
   assert "process 0/2: 220 of 220 pairs" in text and "process 1/2: 280 of 280 pairs" in text
 
 
-def test_an_audit_killed_mid_shard_resumes_to_the_same_files(scored, tmp_path):
+def test_an_audit_killed_mid_shard_resumes_to_the_same_files(scored, tmp_path, monkeypatch):
   out, logs, marks = str(tmp_path / "killed"), str(tmp_path / "logs"), str(tmp_path / "decoded.txt")
   env = dict(NCJAX_SLOW_DECODE_S="0.4", NCJAX_DECODE_LOG=marks)
   plugin = f"--plugins={os.path.join(PLUGINS, 'slow_scoring.py')}"
@@ -214,13 +214,18 @@ def test_an_audit_killed_mid_shard_resumes_to_the_same_files(scored, tmp_path):
   procs[0].wait()
   assert not os.path.exists(score_files.shard_file(out, 0, "00001.tar"))
   stamp = os.stat(first).st_mtime_ns
-  # the same command again, in this process (the fixture's audit compiled its program here: 1 process, 8 devices)
+  # the same command again, in this process (the fixture's audit compiled its program here: 1 process, 8 devices).
+  # Its report's plots (the fixture's are drawn and checked above) are not drawn again: their summary recorded.
+  from ncjax.cli import web_report
+  plotted = []
+  monkeypatch.setattr(web_report, "_plots", lambda summary, out, kind: plotted.append(summary.scored) or {})
   resumed = cli_in_process.run(["audit", f"--checkpoint={scored['run']}", f"--output={out}", "--top=8", "--sample=6",
                                 "--progress_every=0.5"], cwd=ROOT)
   assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
   assert os.stat(first).st_mtime_ns == stamp                                # a finished shard is not scored again
   assert "(1 shards already scored)" in resumed.stdout
   assert _raw(out) == _raw(scored["out"])                                    # byte for byte the uninterrupted files
+  assert plotted == [479]                                                   # its report summarised every scored pair
 
 
 def test_a_filter_trains_exactly_on_the_kept_ids_in_every_read_mode_and_resumes_bitwise(scored, tmp_path):

@@ -139,8 +139,12 @@ def test_ncu_stages_train_and_freeze_the_right_groups_and_8_devices_equal_1_acro
         assert after == pytest.approx(stored, abs=1e-2) and after < -0.9, (name, stored)
 
 
+# The runs below are read from their results in memory: a final checkpoint (an orbax save) would be written unread.
+NO_FINAL_SAVE = {"ckpt.save_at_end": False}
+
+
 def test_gradient_ascent_baseline_runs_and_records_forget_sets(clip_run, tmp_path):
-  cfg = ncu_config(clip_run, total_steps=2, **{"method.name": "ncu_ga"})
+  cfg = ncu_config(clip_run, total_steps=2, **{"method.name": "ncu_ga", **NO_FINAL_SAVE})
   res = train.train(cfg, str(tmp_path))
   assert np.isfinite(res.metrics["loss"]) and res.metrics["loss_ascent"] <= 0
   st = jax.device_get(res.state["method_state"])
@@ -170,7 +174,8 @@ def test_forget_set_from_prior_scores_follows_them_exactly(clip_run, tmp_path, n
   clean, sha = _training_pairs(ncu_config(clip_run))
   flags = _write_scores(tmp_path / "flags.npz", clean.astype(np.float32), sha)
   cfg = ncu_config(clip_run, total_steps=3, **{"method.name": name, "method.forget_from": "scores",
-                                              "method.forget_scores": flags, "method.forget_threshold": 0.5})
+                                              "method.forget_scores": flags, "method.forget_threshold": 0.5,
+                                              **NO_FINAL_SAVE})
   st = jax.device_get(train.train(cfg, str(tmp_path / "threshold")).state["method_state"])
   n = len(clean)
   seen = st["confidence"][:n] < 1.0                  # examples of the 3 batches (softmax diagonals are < 1)
@@ -181,7 +186,7 @@ def test_forget_set_from_prior_scores_follows_them_exactly(clip_run, tmp_path, n
   ranks = np.random.default_rng(0).permutation(n).astype(np.float32)   # distinct scores: a unique lowest 25
   ranked = _write_scores(tmp_path / "ranks.npz", ranks, sha)
   cfg = ncu_config(clip_run, total_steps=1, **{"method.name": name, "method.forget_from": "scores",
-                                              "method.forget_scores": ranked})
+                                              "method.forget_scores": ranked, **NO_FINAL_SAVE})
   res = train.train(cfg, str(tmp_path / "ratio"))
   st = jax.device_get(res.state["method_state"])
   seen = np.flatnonzero(st["confidence"][:n] < 1.0)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-import wandb   # noqa: F401  (a test dependency: a missing wandb fails this file, it is not skipped)
 
 import multiprocess
 from ncjax import logging_utils
@@ -59,6 +58,9 @@ def wandb_records(path: str) -> list:
 
 @pytest.mark.slow   # make test-all (21 s): an offline wandb run and a profiler trace
 def test_wandb_run_continues_on_resume_and_the_profile_holds_the_chosen_steps(tmp_path):
+  # imported here, not at the file's top: every pytest worker collects this file, and wandb takes ~1.5 s to import
+  # (a missing wandb still fails this test, it is not skipped)
+  import wandb  # noqa: F401
   workdir = str(tmp_path / "run")
   code = _RUN.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), workdir=workdir)
   done = subprocess.run([sys.executable, "-c", code], env=multiprocess.env(), capture_output=True, text=True,

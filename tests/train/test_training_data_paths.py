@@ -15,9 +15,10 @@ def test_file_backed_dataset_with_dynamic_noise_resumes_mid_epoch_exactly(built,
   """A run on the built (ArrayRecord) digits with in-batch resampled noise (fresh noisy pairs drawn inside every
   step), stopped at step 3 of a 22-step epoch and resumed, ends bitwise equal to the uninterrupted run: the record
   pipeline's order and crops continue mid-epoch, and the noise drawn at each step is drawn again on resume."""
+  # the one save is step 3's (the resume's start); the two runs' ends are compared in memory, unsaved (~0.5 s each)
   cfg = tiny_clip_config(total_steps=5, **{"input.dataset": "tfds:digits", "input.data_dir": built["data_dir"],
                                            "noise.kind": "in_batch_resample", "noise.ratio": 0.1,
-                                           "ckpt.every_steps": 3})
+                                           "ckpt.every_steps": 3, "ckpt.save_at_end": False})
   full = train.train(cfg, str(tmp_path / "a"))
   assert full.experiment.steps_per_epoch == 22 and type(full.experiment.train_data.split.images) is not np.ndarray
   assert full.experiment.batch_transform is not None   # the noise is the step's own, not a static index
@@ -32,7 +33,8 @@ def test_file_backed_dataset_with_dynamic_noise_resumes_mid_epoch_exactly(built,
 def test_training_from_a_built_karpathy_dataset_with_retrieval_eval(built, tmp_path, monkeypatch):
   cfg = tiny_clip_config(total_steps=2, **{"input.dataset": "tfds:karpathy/flickr30k",
                                            "input.data_dir": built["data_dir"], "input.global_batch_size": 8,
-                                           "noise.kind": "caption_shuffle", "noise.ratio": 0.2})
+                                           "noise.kind": "caption_shuffle", "noise.ratio": 0.2,
+                                           "ckpt.save_at_end": False})   # evaluated in memory: no save
   with cfg.unlocked():
     cfg.evals = ml_collections.ConfigDict(dict(retrieval=dict(type="retrieval", split="test")))
   from ncjax import evaluation

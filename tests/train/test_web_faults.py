@@ -39,7 +39,7 @@ def _config(root, cache, **kw):
   return tiny_clip_config(arg="batch=32,epochs=2", total_steps=STEPS, **{"input.prefetch": 1,
       "input.dataset": f"web:{root}", "input.web.read": "block", "input.web.block": 16,
       "input.web.shuffle_pairs": 32, "input.web.window_batches": 1, "input.web.cache_dir": cache,
-      "input.web.io_deadline_s": 120.0, **kw})
+      "input.web.io_deadline_s": 120.0, "ckpt.save_at_end": False, **kw})   # (read in memory: no save)
 
 
 def _write(root):
