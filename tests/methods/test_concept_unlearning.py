@@ -26,45 +26,21 @@ def test_every_method_is_listed():
   assert set(METHOD_CONFIGS) == {m for m, cls in METHODS.items() if cls.__module__.startswith("ncjax.")}
 
 
-def _trainer(name, geometry, tmp_path):
-  config_name, arg = METHOD_CONFIGS[name]
-  concept = {"concept.classes": ("three",)} if name in ("ac", "hac") else {}   # region data has no classes
-  cfg = make_config(config_name, ",".join(x for x in (arg, "batch=32") if x), total_steps=1,
-                    **{"model.geometry": geometry, "method.init_from": "random"}, **concept)
-  return train.Trainer(cfg, str(tmp_path))
-
-
-# Methods whose training steps in this module run on MERU's Lorentz model, with finite losses: MERU's start model
-# (test_meru_trains_with_its_entailment_term) and HAC's calibration from it.
-TRAINED_IN_LORENTZ_BELOW = ("meru", "hac")
-
-
-@pytest.mark.parametrize("name", sorted(METHOD_CONFIGS))
-def test_each_method_works_in_the_lorentz_geometry_or_refuses_it(name, tmp_path):
-  """A method either computes its loss through the geometry (finite on MERU's model: its sphere path is tested
-  with the method) or refuses the geometry it does not support when the experiment is built."""
-  supported = METHODS.get(name).supported_geometries
-  for geometry in ("sphere", "lorentz"):
-    if geometry not in supported:
-      with pytest.raises(ValueError, match=rf"method '{name}' supports model.geometry in .* not '{geometry}'"):
-        _trainer(name, geometry, tmp_path / geometry)
-  if "lorentz" not in supported or name in TRAINED_IN_LORENTZ_BELOW:
-    return
-  trainer = _trainer(name, "lorentz", tmp_path / "run")
-  exp, span = trainer.exp, trainer.spans[0]
-  params = trainer.init_params()   # (no optimiser state: only the loss is computed)
-  method_state = jax.jit(functools.partial(exp.method.init_state, trainer.capacity), out_shardings=trainer.ms_sh)()
-  batch, _, _ = next(exp.train_data.batches(0, 1))
-  batch = {k: v for k, v in batch.items() if k not in ("clean", "label")}
-  with jax.set_mesh(exp.mesh):
-    loss, _ = jax.jit(span.stage.updates[0].loss_fn)(params, method_state, batch, jax.random.PRNGKey(0))
-  assert np.isfinite(float(loss)) and exp.method.bind(params).model.geometry.name == "lorentz"
-
-
 @pytest.fixture(scope="module")
 def start_models(tmp_path_factory):
+  """AC's start: a CLIP checkpoint at step 0 whose parameters are moved (noise of 0.02) off the initialisation that
+  AC's own run draws (same seed, same model), so that a calibration that ignored its start would not begin from
+  them; no CLIP step is compiled for it (AC's checks read the start's parameters, not its training). HAC's start:
+  MERU trained 4 steps (test_meru_trains_with_its_entailment_term checks that run)."""
   root = tmp_path_factory.mktemp("start")
-  train.train(tiny_clip_config(arg="noise=0.0,batch=64,epochs=1", total_steps=4), str(root / "clip"))
+  clip = train.Trainer(tiny_clip_config(arg="noise=0.0,batch=64,epochs=1", total_steps=4), str(root / "clip"))
+  state, span = clip.restore_or_init()
+  rng = np.random.default_rng(1)
+  moved = jax.tree.map(lambda x: jax.device_put(
+      (np.asarray(jax.device_get(x)) + 0.02 * rng.standard_normal(x.shape)).astype(x.dtype), x.sharding),
+      state["params"])
+  clip.save(dict(state, params=moved), 0, span, force=True)
+  clip.checkpointer.wait()
   meru = train.train(make_config("meru", "batch=64,epochs=1", total_steps=4), str(root / "meru"))
   return str(root / "clip"), str(root / "meru"), meru
 
@@ -119,6 +95,42 @@ def test_meru_training_step_clamps_curvature_alphas_and_logit_scale_from_past_th
       assert float(geo["textual_alpha"]) == 0.0 and scale == pytest.approx(np.log(100.0), abs=1e-6)
     else:   # inside their ranges: the step moves them only slightly, no clamp
       assert float(geo["textual_alpha"]) == pytest.approx(-3.0, abs=1e-2) and scale == pytest.approx(1.0, abs=1e-2)
+
+
+def _trainer(name, geometry, tmp_path):
+  config_name, arg = METHOD_CONFIGS[name]
+  concept = {"concept.classes": ("three",)} if name in ("ac", "hac") else {}   # region data has no classes
+  cfg = make_config(config_name, ",".join(x for x in (arg, "batch=32") if x), total_steps=1,
+                    **{"model.geometry": geometry, "method.init_from": "random"}, **concept)
+  return train.Trainer(cfg, str(tmp_path))
+
+
+# Methods whose training steps in this module run on MERU's Lorentz model, with finite losses: MERU's start model
+# (test_meru_trains_with_its_entailment_term) and HAC's calibration from it. (Below MERU's tests: CLIP's model in
+# the Lorentz geometry is MERU's, whose initialisation MERU's start model has compiled by then.)
+TRAINED_IN_LORENTZ_IN_THIS_MODULE = ("meru", "hac")
+
+
+@pytest.mark.parametrize("name", sorted(METHOD_CONFIGS))
+def test_each_method_works_in_the_lorentz_geometry_or_refuses_it(name, tmp_path):
+  """A method either computes its loss through the geometry (finite on MERU's model: its sphere path is tested
+  with the method) or refuses the geometry it does not support when the experiment is built."""
+  supported = METHODS.get(name).supported_geometries
+  for geometry in ("sphere", "lorentz"):
+    if geometry not in supported:
+      with pytest.raises(ValueError, match=rf"method '{name}' supports model.geometry in .* not '{geometry}'"):
+        _trainer(name, geometry, tmp_path / geometry)
+  if "lorentz" not in supported or name in TRAINED_IN_LORENTZ_IN_THIS_MODULE:
+    return
+  trainer = _trainer(name, "lorentz", tmp_path / "run")
+  exp, span = trainer.exp, trainer.spans[0]
+  params = trainer.init_params()   # (no optimiser state: only the loss is computed)
+  method_state = jax.jit(functools.partial(exp.method.init_state, trainer.capacity), out_shardings=trainer.ms_sh)()
+  batch, _, _ = next(exp.train_data.batches(0, 1))
+  batch = {k: v for k, v in batch.items() if k not in ("clean", "label")}
+  with jax.set_mesh(exp.mesh):
+    loss, _ = jax.jit(span.stage.updates[0].loss_fn)(params, method_state, batch, jax.random.PRNGKey(0))
+  assert np.isfinite(float(loss)) and exp.method.bind(params).model.geometry.name == "lorentz"
 
 
 @pytest.mark.parametrize("config_name,start", [("ac", 0), ("hac", 1)])

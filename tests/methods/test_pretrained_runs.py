@@ -137,8 +137,12 @@ def test_a_run_with_context_16_exports_and_loads_back_with_a_tokenizer_of_16(tmp
   the exported folder is the independent reference for the ids."""
   workdir, out = tmp_path / "run", tmp_path / "exported"
   # The run's checkpoint as its trainer writes it, before a first step: a step changes nothing the export, the
-  # tokenizer or the context is made of (and compiles the run's step, the costliest program here).
-  trainer = train.Trainer(tiny_clip_config(total_steps=1, **{"model.tokenizer": "clip_bpe"}), str(workdir))
+  # tokenizer or the context is made of (and compiles the run's step, the costliest program here). On one device:
+  # nothing here depends on the device count, and the initialisation (a 49,408-token embedding) compiles for one
+  # device in less time than split over eight.
+  import jax
+  trainer = train.Trainer(tiny_clip_config(total_steps=1, **{"model.tokenizer": "clip_bpe"}), str(workdir),
+                          devices=jax.devices()[:1])
   state, span = trainer.restore_or_init()
   trainer.save(state, 0, span, force=True)
   trainer.checkpointer.wait()
@@ -154,7 +158,6 @@ def test_a_run_with_context_16_exports_and_loads_back_with_a_tokenizer_of_16(tmp
   assert tokens.shape == (3, 16) and tokenizer.context_length == 16
   np.testing.assert_array_equal(tokens, rm.import_open_clip().get_tokenizer(f"local-dir:{out}")(captions).numpy())
   np.testing.assert_array_equal(tokens, run_tokenizer.encode(captions))
-  import jax
   em = trainer.exp.method.eval_model(state["params"])
   ours = np.asarray(jax.jit(em.encode_text)(run_tokenizer.encode(captions)))
   np.testing.assert_allclose(np.asarray(model.encode_text(tokens)), ours, atol=1e-6, rtol=0)   # measured 1.9e-7

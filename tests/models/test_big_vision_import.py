@@ -255,18 +255,29 @@ def test_siglip_config_fine_tunes_a_big_vision_checkpoint(checkpoint, tmp_path):
   from helpers import leaves, make_config
   from ncjax import train
   path, _, _ = checkpoint
+  # (no checkpoint at the end: nothing here reads one)
   cfg = make_config("siglip", f"init=big_vision:{path},data=digits,batch=32,epochs=1", total_steps=1,
-                    **{"optim.warmup_steps": 0})
+                    **{"optim.warmup_steps": 0, "ckpt.save_at_end": False})
   trainer = train.Trainer(cfg, str(tmp_path / "run"))
-  init = leaves(trainer.init_params())
+  # The parameters the run starts from, fetched as the run creates them (before its step donates them): a second
+  # initialisation to look at would run the random draws and the overlay again.
+  init, create = {}, trainer.init_params
+  trainer.init_params = lambda: _fetched(create(), into=init)
+  result = trainer.run()
+  assert init, "the run did not create its parameters through Trainer.init_params"
   _, loaded = pretrained.load(f"big_vision:{path}")
   for key, value in leaves(loaded).items():   # every tower parameter, t and b start from the checkpoint
     np.testing.assert_array_equal(init[f"model/{key}"], value, err_msg=key)
-  result = trainer.run()
   assert np.isfinite(result.metrics["loss"])
   after = leaves(result.params)
   for key in ("img/map_head/probe", "img/proj_bias", "txt/proj_bias", "logit_bias"):   # the step reaches them
     assert not np.array_equal(after[f"model/{key}"], init[f"model/{key}"]), key
+
+
+def _fetched(params, into: dict):
+  from helpers import leaves
+  into.update(leaves(params))
+  return params
 
 
 def test_refusals(checkpoint, tmp_path):

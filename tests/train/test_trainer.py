@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from helpers import assert_trees_equal as _assert_trees_equal, changed as _changed, host_params as _params
-from helpers import stopped_at, tiny_clip_config
+from helpers import override, stopped_at, tiny_clip_config
 import toy_methods  # noqa: F401  (registers the test methods)
 from ncjax import checkpoint as ckpt_lib
 from ncjax import train
@@ -20,13 +20,17 @@ def _metrics_rows(workdir):
   return {r["step"]: r for r in map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())}
 
 
+def _clip_run_config():
+  return tiny_clip_config(total_steps=6, **{"log.every_steps": 3, "ckpt.every_steps": 3})
+
+
 @pytest.fixture(scope="module")
 def clip_run(tmp_path_factory):
   """One CLIP run on 8 devices, shared by the tests below: 6 steps, a checkpoint and a metrics row every 3 (the lr
   schedule spans the configured epochs, so its step 3 is any 3-step run's); and the same run resumed from a copy of
   its workdir cut back to the step-3 checkpoint."""
   root = tmp_path_factory.mktemp("clip_run")
-  cfg = tiny_clip_config(total_steps=6, **{"log.every_steps": 3, "ckpt.every_steps": 3})
+  cfg = _clip_run_config()
   cpus = jax.devices("cpu")   # the 8 simulated devices, also where JAX's default backend is a GPU
   full = train.train(cfg, str(root / "full"), devices=cpus)
   at_3 = ckpt_lib.restore_state_on_host(str(root / "full" / "checkpoints" / "3"))[0]
@@ -46,7 +50,7 @@ def test_sharded_step_equals_single_device_step(clip_run, tmp_path, devices):
 
 
 def test_fsdp_mesh_matches_data_parallel(clip_run, tmp_path):
-  cfg = tiny_clip_config(total_steps=6, **{"mesh.fsdp": 2})
+  cfg = tiny_clip_config(total_steps=6, **{"mesh.fsdp": 2, "ckpt.save_at_end": False})   # (nothing reads one)
   fsdp = train.train(cfg, str(tmp_path / "fsdp"), until=3)
   shardings = [x.sharding.spec for x in jax.tree.leaves(fsdp.params)]
   assert any("fsdp" in str(s) for s in shardings), "some parameter should be split over the fsdp axis"
@@ -81,20 +85,52 @@ def test_batch_not_divisible_by_devices_is_a_clear_error(tmp_path):
 
 def test_non_finite_loss_names_step_and_batch_ids(tmp_path):
   """The run stops with the step, the fix and the batch's ids, as the kind of error the CLI reports in one line
-  with exit status 8 (ncjax.errors; tests/cli/test_errors.py checks that one line for every kind)."""
+  with exit status 8 (ncjax.errors; tests/cli/test_errors.py checks that one line for every kind). The loss goes
+  non-finite through a parameter that starts as NaN, in the step clip_run has compiled (its config; a learning rate
+  that blows the parameters up would be another program to compile, for the same report)."""
   from ncjax import errors
-  cfg = tiny_clip_config(total_steps=4, **{"optim.lr": 1e30, "optim.grad_clip_norm": 0.0, "optim.warmup_steps": 0})
-  with pytest.raises(errors.DivergedError, match=r"^non-finite loss at step \d+ .*lower the learning rate \(optim.lr\) "
+  trainer = train.Trainer(_clip_run_config(), str(tmp_path))
+  create = trainer.init_params
+  trainer.init_params = lambda: _with_nan_image_projection(create())
+  with pytest.raises(errors.DivergedError, match=r"^non-finite loss at step 0 .*lower the learning rate \(optim.lr\) "
                      r"or look at the pairs of that global batch, example ids") as raised:
-    train.train(cfg, str(tmp_path))
+    trainer.run()
+  first_batch_ids = np.sort(trainer.exp.train_data.indices(0)).tolist()
+  assert str(raised.value).endswith(f"example ids {first_batch_ids}"), str(raised.value)[-300:]
   assert errors.status_of(raised.value) == 8
 
 
-def test_freeze_regex_keeps_parameters_fixed(tmp_path):
-  cfg = tiny_clip_config(total_steps=2, **{"optim.freeze": r"model/img/.*|model/logit_scale"})
-  trainer = train.Trainer(cfg, str(tmp_path))
-  init = jax.device_get(trainer.init_params())
+def _with_nan_image_projection(params):
+  """params with the image tower's output projection NaN (same dtype and sharding): every image embedding, and
+  with it the loss, is NaN from the first step on."""
+  proj = params["model"]["img"]["proj"]
+  poisoned = jax.device_put(np.full(proj.shape, np.nan, proj.dtype), proj.sharding)
+  return {**params, "model": {**params["model"], "img": {**params["model"]["img"], "proj": poisoned}}}
+
+
+@pytest.fixture(scope="module")
+def epoch_state_run(tmp_path_factory):
+  """The per-sample-state toy method over two short epochs with `optim.freeze` set: one run, one compiled step, for
+  the epoch-hook test and the freeze test. Its stage is CLIP's (SingleModelMethod's default parameter groups, the
+  config's frozen group first), so the freeze goes through the same groups as a CLIP run's. The parameters it
+  starts from are fetched as the run creates them (before the first step donates them)."""
+  cfg = tiny_clip_config(**{"method.name": "test_epoch_state", "optim.freeze": r"model/img/.*|model/logit_scale",
+                            "ckpt.save_at_end": False, **SMALL_EPOCHS})   # (nothing reads a checkpoint)
+  trainer = train.Trainer(cfg, str(tmp_path_factory.mktemp("epoch_state")))
+  init, create = [], trainer.init_params
+  trainer.init_params = lambda: _fetched(create(), into=init)
   result = trainer.run()
+  assert len(init) == 1, "the run did not create its parameters through Trainer.init_params"
+  return init[0], result
+
+
+def _fetched(params, into: list):
+  into.append(jax.device_get(params))
+  return params
+
+
+def test_freeze_regex_keeps_parameters_fixed(epoch_state_run):
+  init, result = epoch_state_run
   after = jax.device_get(result.params)
   for x, y in zip(jax.tree.leaves(init["model"]["img"]), jax.tree.leaves(after["model"]["img"])):
     np.testing.assert_array_equal(x, y)
@@ -107,8 +143,10 @@ def test_two_stage_schedule_switches_frozen_sets_and_resumes_across_the_boundary
   trainer = train.Trainer(cfg, str(tmp_path / "a"))
   spe = trainer.exp.steps_per_epoch
   assert trainer.total_steps == 2 * spe   # stage a's epoch, then stage b's
-  init = jax.device_get(trainer.init_params())
+  fetched, create = [], trainer.init_params
+  trainer.init_params = lambda: _fetched(create(), into=fetched)
   stage_a = trainer.run(until=spe)
+  (init,) = fetched
   pa = jax.device_get(stage_a.params)
   assert not any(_changed(init["model"]["img"], pa["model"]["img"]))
   assert any(_changed(init["model"]["txt"], pa["model"]["txt"]))
@@ -118,13 +156,13 @@ def test_two_stage_schedule_switches_frozen_sets_and_resumes_across_the_boundary
   pb = jax.device_get(done.params)
   assert not any(_changed(pa["model"]["txt"], pb["model"]["txt"]))
   assert any(_changed(pa["model"]["img"], pb["model"]["img"]))
-  straight = train.train(cfg, str(tmp_path / "b"))
+  no_checkpoint = override(cfg.copy_and_resolve_references(), **{"ckpt.save_at_end": False})   # compared in memory
+  straight = train.train(no_checkpoint, str(tmp_path / "b"))
   _assert_trees_equal(_params(straight), _params(done), exact=True)
 
 
-def test_per_sample_state_and_end_of_epoch_hook(tmp_path):
-  cfg = tiny_clip_config(**{"method.name": "test_epoch_state", **SMALL_EPOCHS})
-  result = train.train(cfg, str(tmp_path))
+def test_per_sample_state_and_end_of_epoch_hook(epoch_state_run):
+  _, result = epoch_state_run
   exp = result.experiment
   state = jax.device_get(result.state["method_state"])
   assert int(state["epochs"]) == 2  # the hook ran once per epoch
@@ -144,12 +182,14 @@ def test_per_sample_state_and_end_of_epoch_hook(tmp_path):
 def test_alternating_updates_train_only_their_own_groups(tmp_path):
   """Each step runs the discriminator's update, then the encoder's, here restricted to the text tower: the image
   tower, which neither update trains, stays bitwise where it started, while each update's own group moves."""
-  cfg = tiny_clip_config(total_steps=2, **{"method.name": "test_alternating"})
+  cfg = tiny_clip_config(total_steps=2, **{"method.name": "test_alternating", "ckpt.save_at_end": False})
   with cfg.unlocked():
     cfg.method.enc_update_trains = r"model/txt/.*"
   trainer = train.Trainer(cfg, str(tmp_path))
-  init = jax.device_get(trainer.init_params())
+  fetched, create = [], trainer.init_params
+  trainer.init_params = lambda: _fetched(create(), into=fetched)
   res = trainer.run()
+  (init,) = fetched
   after = jax.device_get(res.params)
   assert not any(_changed(init["model"]["img"], after["model"]["img"]))
   assert all(_changed(init["disc"], after["disc"]))
@@ -161,7 +201,8 @@ def test_alternating_updates_train_only_their_own_groups(tmp_path):
 def test_parameters_drawn_split_over_the_mesh_equal_those_drawn_whole_on_every_device(fsdp):
   """shard_lib.initialise_params draws each replicated parameter split over the 8 devices and gathers it (a
   49,408-token embedding: ~1 s instead of 8-10 s on 8 CPU devices): the same bits as the initialisation run whole
-  under the parameters' own shardings, data-parallel and FSDP."""
+  on every device (replicated over a mesh of the same 8 devices: one program for both cases), data-parallel and
+  FSDP."""
   from ncjax import experiment, sharding as shard_lib
   exp = experiment.build_experiment(tiny_clip_config(**{"mesh.fsdp": fsdp}))
   abstract = exp.method.abstract_params()
@@ -170,6 +211,7 @@ def test_parameters_drawn_split_over_the_mesh_equal_those_drawn_whole_on_every_d
   embedding = spread["model"]["txt"]["token_embedding"]["embedding"]
   assert any(part is not None for part in embedding.spec), embedding
   drawn = shard_lib.initialise_params(exp.method.init_params, abstract, param_sh, exp.mesh)
-  whole = jax.jit(exp.method.init_params, out_shardings=param_sh)()
+  every_device = jax.sharding.Mesh(np.array(sorted(exp.mesh.devices.flat, key=lambda d: d.id)), ("all",))
+  whole = jax.jit(exp.method.init_params, out_shardings=shard_lib.replicated(every_device))()
   assert [x.sharding for x in jax.tree.leaves(drawn)] == jax.tree.leaves(param_sh)
   _assert_trees_equal(whole, drawn)
