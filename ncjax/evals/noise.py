@@ -18,8 +18,10 @@ def roc_auc(scores, positive) -> float:
   n_pos, n_neg = int(positive.sum()), int((~positive).sum())
   if n_pos == 0 or n_neg == 0:
     return float("nan")
-  from scipy.stats import rankdata   # here, not at module level: scipy.stats costs ~1 s of every command's start
-  r = rankdata(scores)
+  # average ranks (1-based; tied scores share the mean of their positions), as scipy.stats.rankdata's default,
+  # whose import costs ~1-2 s of every evaluating process's start
+  _, group, counts = np.unique(scores, return_inverse=True, return_counts=True)
+  r = (np.cumsum(counts) - (counts - 1) / 2.0)[group.reshape(-1)]
   return float((r[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 

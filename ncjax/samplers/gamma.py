@@ -118,12 +118,18 @@ def _gibbs_rows(keys, log_pos, log_neg, mask, hyper, n_sweeps, w_init):
     log_wp = jnp.asarray(jnp.log(w_init), jnp.float32)
     log_wn = jnp.where(m, jnp.log(w_init), -jnp.inf).astype(jnp.float32)
     log_u = jnp.zeros((), jnp.float32)
-    for sweep in range(n_sweeps):
-      k_u, k_p, k_n = jax.random.split(jax.random.fold_in(key, sweep), 3)
+
+    def sweep(i, carry):
+      log_u, log_wp, log_wn = carry
+      k_u, k_p, k_n = jax.random.split(jax.random.fold_in(key, i), 3)
       log_u = sample_log_u(k_u, lp, ln, log_wp, log_wn, m, a_u, b_u)
       log_wp = sample_log_w_pos(k_p, log_u, lp, a_pos, b_pos)
       log_wn = sample_log_w_neg(k_n, log_u, ln, m, a_neg, b_neg)
-    return log_u, log_wp, log_wn
+      return log_u, log_wp, log_wn
+
+    # A loop, not unrolled sweeps: each sweep holds three rejection loops, and unrolled they made the program (and
+    # its compile) grow with n_sweeps. The keys are the unrolled form's (fold_in of the sweep index).
+    return jax.lax.fori_loop(0, n_sweeps, sweep, (log_u, log_wp, log_wn))
 
   return jax.vmap(one_row)(keys, log_pos, log_neg, mask)
 
