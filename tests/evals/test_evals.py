@@ -191,9 +191,10 @@ def test_an_evaluation_embeds_as_the_model_does_and_a_later_one_reuses_its_compi
   images = np.random.default_rng(0).normal(size=(10, side, side, 3)).astype(np.float32)
   first = method.init_params()
   later = jax.tree.map(lambda p: p * 1.5, first)
+  whole = jax.jit(lambda params, x: method.model_for_eval(params).encode_image(x))   # all 10 rows at once
   for params in (first, later):
     eval_model = method.eval_model(params)
     got = common.embed_images(eval_model, images, 4, mesh)   # batches of 4 rows: 4, 4, then 2 padded to 4
-    np.testing.assert_allclose(got, np.asarray(method.model_for_eval(params).encode_image(images)), atol=2e-5)
+    np.testing.assert_allclose(got, np.asarray(whole(params, images)), atol=2e-5)
   encoder = method.eval_model(first).functions.jitted("encode_image", shard_lib.replicated(mesh))
   assert encoder._cache_size() == 1   # one trace, one program, for both parameter sets and all three batches
