@@ -301,22 +301,26 @@ def restore_params(path: str):
   return state["params"], meta, step
 
 
-def overlay_params(params, source: str, abstract_params, param_sh):
+def overlay_params(fresh, source: str, abstract_params, param_sh):
   """Initialise modules from another run's checkpoint: every top-level module present in both is copied
-  (shapes must agree); modules the source lacks (e.g. NCU's prompt) keep their fresh initialisation."""
+  (shapes must agree); modules the source lacks (e.g. NCU's prompt) keep their fresh initialisation.
+  `fresh(draw)` gives the fresh parameters, `draw` marking the leaves to compute (those of the modules not copied;
+  see `sharding.initialise_params`)."""
   src, _, step = restore_params(source)
-  out = dict(params)
   copied = []
   for name, sub in src.items():
-    if name not in params:
+    if name not in abstract_params:
       continue
     want = jax.tree.map(lambda a: a.shape, abstract_params[name])
     got = jax.tree.map(lambda a: tuple(np.shape(a)), sub)
     if jax.tree.structure(want) != jax.tree.structure(got) or jax.tree.leaves(want) != jax.tree.leaves(got):
       raise ValueError(f"module {name!r} of {source} (step {step}) does not match this model's shapes")
-    out[name] = jax.tree.map(lambda a, s: jax.device_put(np.asarray(a), s), sub, param_sh[name])
     copied.append(name)
   if not copied:
     raise ValueError(f"checkpoint {source} shares no module with this method (it has {sorted(src)})")
+  out = dict(fresh({name: jax.tree.map(lambda _, keep=name not in copied: keep, sub)
+                    for name, sub in abstract_params.items()}))
+  for name in copied:
+    out[name] = jax.tree.map(lambda a, s: jax.device_put(np.asarray(a), s), src[name], param_sh[name])
   log.info("initialised %s from %s (step %d)", copied, source, step)
   return out

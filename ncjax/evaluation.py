@@ -203,8 +203,7 @@ def restore_pretrained(config, spec: str, mesh=None):
                                          kind=resolved.model.tokenizer_kind)
   method = resolved.method(tokenizer=tokenizer, num_examples=0)
   param_sh = shard_lib.param_shardings(method.abstract_params(), mesh)
-  params = resolved.init.overlay(shard_lib.initialise_params(method.init_params, method.abstract_params(), param_sh,
-                                                             mesh), method.abstract_params(), param_sh)
+  params = resolved.init.initialise(method.init_params, method.abstract_params(), param_sh, mesh)
   return method, dict(step=0, params=params), resolved, tokenizer, mesh
 
 

@@ -74,14 +74,34 @@ def spread_over_mesh(abstract_params, param_sh, mesh):
   return jax.tree.map(rule, abstract_params, param_sh)
 
 
-def initialise_params(init_fn, abstract_params, param_sh, mesh):
+def initialise_params(init_fn, abstract_params, param_sh, mesh, draw=None):
   """`init_fn()`'s parameters laid out as `param_sh`, each value drawn once across the mesh: computed split over
   every device (`spread_over_mesh`), then gathered. Computed under `param_sh` itself, a replicated parameter's
   random initialisation would run whole on every device: on 8 CPU devices a 49,408-token embedding took 8-10 s
   instead of ~1 s. JAX's threefry keys are partitionable (`jax_threefry_partitionable`, the default), so the
-  values are bitwise those of an unsplit initialisation."""
+  values are bitwise those of an unsplit initialisation.
+
+  `draw`: a tree of bools shaped like `abstract_params` (None: every leaf). A leaf marked False is not computed —
+  the program returns only the drawn leaves, so XLA drops the random draws of the others — and comes back as its
+  `jax.ShapeDtypeStruct` (with its sharding), for a checkpoint to fill (`InitSource.initialise`). The drawn leaves
+  are bitwise those of a full initialisation: the same keys, the same program up to the outputs dropped."""
   spread = spread_over_mesh(abstract_params, param_sh, mesh)
-  return jax.jit(lambda: jax.lax.with_sharding_constraint(init_fn(), spread), out_shardings=param_sh)()
+  if draw is None:
+    return jax.jit(lambda: jax.lax.with_sharding_constraint(init_fn(), spread), out_shardings=param_sh)()
+  treedef = jax.tree.structure(abstract_params)
+  wanted = treedef.flatten_up_to(draw)
+  spread_leaves, sh_leaves = treedef.flatten_up_to(spread), treedef.flatten_up_to(param_sh)
+
+  def drawn_only():
+    leaves = treedef.flatten_up_to(init_fn())
+    return [jax.lax.with_sharding_constraint(x, s) for x, s, w in zip(leaves, spread_leaves, wanted) if w]
+
+  drawn = iter(())
+  if any(wanted):
+    drawn = iter(jax.jit(drawn_only, out_shardings=[s for s, w in zip(sh_leaves, wanted) if w])())
+  abstract = treedef.flatten_up_to(abstract_params)
+  return treedef.unflatten([next(drawn) if w else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+                            for a, s, w in zip(abstract, sh_leaves, wanted)])
 
 
 def state_shardings(abstract_state, mesh, capacity: int):

@@ -102,16 +102,27 @@ def _load_cached(spec: str, stamp: float):
   return model_config, params
 
 
-def overlay(params: dict, spec: str, shardings: dict) -> dict:
+def overlay(fresh, spec: str, abstract_params: dict, shardings: dict) -> dict:
   """Initialise every two-tower module of a method's parameters ('model', or 'net_a' / 'net_b' under
   co-teaching) from a pretrained checkpoint, placed with `shardings`. Parameters the checkpoint lacks (a SigLIP
-  bias, NCU's prompt, a discriminator) keep their fresh initialisation."""
+  bias, NCU's prompt, a discriminator) keep their fresh initialisation: `fresh(draw)` gives it, `draw` marking the
+  leaves to compute (see `sharding.initialise_params`)."""
   import jax
   _, loaded = load(spec)
-  out = dict(params)
-  towers = [name for name, sub in params.items() if isinstance(sub, dict) and "img" in sub and "txt" in sub]
+  towers = [name for name, sub in abstract_params.items()
+            if isinstance(sub, dict) and "img" in sub and "txt" in sub]
   if not towers:
-    raise ValueError(f"{spec}: this method has no two-tower module to initialise (modules: {sorted(params)})")
+    raise ValueError(f"{spec}: this method has no two-tower module to initialise (modules: {sorted(abstract_params)})")
+
+  def provided(tree, new):
+    if isinstance(tree, dict):
+      return {k: provided(v, new.get(k) if isinstance(new, dict) else None) for k, v in tree.items()}
+    return new is not None
+
+  draw = {name: jax.tree.map(lambda _: True, sub) for name, sub in abstract_params.items()}
+  for name in towers:
+    draw[name] = jax.tree.map(lambda given: not given, provided(abstract_params[name], loaded))
+  params = fresh(draw)
 
   def merge(fresh, new, sh, path):
     if isinstance(fresh, dict):
@@ -124,6 +135,7 @@ def overlay(params: dict, spec: str, shardings: dict) -> dict:
                        f"{tuple(fresh.shape)} in this model")
     return jax.device_put(np.asarray(new, fresh.dtype), sh)
 
+  out = dict(params)
   for name in towers:
     out[name] = merge(params[name], loaded, shardings[name], name)
   return out

@@ -67,9 +67,7 @@ class Trainer:
 
   # --- state creation / restore -------------------------------------------------------------------------------
   def init_params(self):
-    params = shard_lib.initialise_params(self.exp.method.init_params, self.abstract_params, self.param_sh,
-                                         self.exp.mesh)
-    return self.exp.init.overlay(params, self.abstract_params, self.param_sh)
+    return self.exp.init.initialise(self.exp.method.init_params, self.abstract_params, self.param_sh, self.exp.mesh)
 
   def init_state(self, span: StageSpan):
     prog = self.program(span)

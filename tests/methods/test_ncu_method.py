@@ -77,10 +77,33 @@ def test_ncu_stages_train_and_freeze_the_right_groups_and_8_devices_equal_1_acro
   cfg = two_stage_config(clip_run)
   trainer = train.Trainer(cfg, str(tmp_path / "8"))
   assert trainer.exp.steps_per_epoch == STEPS_PER_EPOCH
-  init = _leaves(trainer.init_params())
+  from ncjax import sharding as shard_lib
+  drawn = []
+
+  def drawing(*args, **kwargs):
+    drawn.append(initialise_params(*args, **kwargs))
+    return drawn[-1]
+
+  initialise_params, shard_lib.initialise_params = shard_lib.initialise_params, drawing
+  try:
+    init = _leaves(trainer.init_params())
+  finally:
+    shard_lib.initialise_params = initialise_params
   start = _leaves(ckpt_lib.restore_params(clip_run)[0])
   for k, v in start.items():   # the model starts from the CLIP checkpoint
     np.testing.assert_array_equal(init[k], v)
+  # ... and its random initialisation is never computed (only the prompt is drawn: the towers come back abstract,
+  # laid out as the run lays them out); the prompt is bitwise the one a whole initialisation draws
+  (fresh,) = drawn
+  by_path = lambda tree: {jax.tree_util.keystr(p, simple=True, separator="/"): x
+                          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+  abstract = {k: x for k, x in by_path(fresh).items() if isinstance(x, jax.ShapeDtypeStruct)}
+  assert set(abstract) == set(start) and all(k.startswith("model/") for k in abstract)
+  assert all(x.sharding == by_path(trainer.param_sh)[k] for k, x in abstract.items())
+  whole = _leaves(initialise_params(trainer.exp.method.init_params, trainer.abstract_params, trainer.param_sh,
+                                    trainer.exp.mesh))
+  assert set(init) - set(start) == {"prompt/ctx"}
+  np.testing.assert_array_equal(init["prompt/ctx"], whole["prompt/ctx"])
   at_boundary = trainer.run(until=STEPS_PER_EPOCH)
   after_prompt = _leaves(at_boundary.params)
   changed = {k for k in init if not np.array_equal(init[k], after_prompt[k])}
