@@ -571,14 +571,14 @@ class _TorchTurn:
   """The torch worker: section b prepared (open_clip, its torch.compile), its turn section b then c's public loop."""
 
   def __init__(self, rec, sizes, smoke, sections, torch_work):
-    self.rec, self.sizes, self.sections, self.torch_work = rec, sizes, sections, torch_work
+    self.rec, self.sizes, self.sections, self.torch_work, self.smoke = rec, sizes, sections, torch_work, smoke
     self.openclip = torch_work.OpenClipWorker(rec, sizes.batches, smoke) if "b" in sections else None
 
   def turn(self):
     if self.openclip is not None:
       self.openclip.turn()
     if "c" in self.sections:
-      self.torch_work.ncu_section(self.rec, self.sizes.ncu_sizes, self.sizes.ncu_check)
+      self.torch_work.ncu_section(self.rec, self.sizes.ncu_sizes, self.sizes.ncu_check, smoke=self.smoke)
 
 
 def _failure(e: Exception) -> str:
@@ -600,6 +600,12 @@ def _worker(names: list[str], out: str, logs: str, deadline: float, smoke: bool,
     jax_work.machine(recorders[names[0]])
   prepared = {}
   with tempfile.TemporaryDirectory(prefix="ncjax_accelerator_") as workdir:
+    if smoke and any(by_name[n].framework == "jax" for n in names):
+      # The smoke run's JAX workers share one process: a program it compiles again (every CLIP trainer's
+      # initialisation, section d's candidate at section a's batch) comes from a compilation cache of this run's own.
+      import jax
+      jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "jax_cache"))
+      jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     for name in names:
       try:
         prepared[name] = _prepare(name, recorders[name], sizes, smoke, sections, deadline, workdir)

@@ -41,7 +41,7 @@ GPU_SIZES = Sizes(model="ViT-B/16", batches=(256, 512), methods_batch=256, ncu_s
 # The smoke run's section e keeps the methods whose steps differ most from CLIP's (two stages with an empty first,
 # Lorentz geometry with N + N forget / retain batches): every compile costs seconds on two cores.
 SMOKE_SIZES = Sizes(model="micro", batches=(8, 16), methods_batch=16, ncu_sizes=(64, 128), ncu_check=64,
-                    matmul=256, steps=2, rounds=2, warmup=1, methods=("CLIP", "NCU (stage 2)", "HAC-reg"),
+                    matmul=256, steps=1, rounds=1, warmup=1, methods=("CLIP", "NCU (stage 2)", "HAC-reg"),
                     candidates=(1.0,))
 
 

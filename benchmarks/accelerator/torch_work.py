@@ -170,7 +170,7 @@ class OpenClipWorker:
       fn = self.compiled if mode.startswith("torch.compile") else self._forward_loss
       opt = self.optimizers[opt_name]
       images, tokens = _inputs(batch, self.cfg, self.device)
-      steps, rounds, warmup = (2, 2, 1) if self.smoke else (5, 3, 3)
+      steps, rounds, warmup = (1, 1, 1) if self.smoke else (5, 3, 3)
       try:
         if self.device.type == "cuda":
           torch.cuda.reset_peak_memory_stats()
@@ -202,7 +202,7 @@ def _failure(e: Exception) -> str:
 
 # --- section c: the public NCU loop ------------------------------------------------------------------------------
 
-def ncu_section(rec: record.Recorder, sizes, check_n: int) -> None:
+def ncu_section(rec: record.Recorder, sizes, check_n: int, *, smoke: bool = False) -> None:
   missing = torch_missing()
   if missing:
     rec.row("c", "public NCU loop (PyTorch restatement)", status=missing)
@@ -238,7 +238,8 @@ def ncu_section(rec: record.Recorder, sizes, check_n: int) -> None:
       out.update(terms, loss=loss.item())
 
     try:
-      seconds = _median_step_seconds(loss_and_grad, device, warmup=1, steps=1, rounds=3 if n <= 8192 else 2)
+      rounds = 1 if smoke else 3 if n <= 8192 else 2
+      seconds = _median_step_seconds(loss_and_grad, device, warmup=1, steps=1, rounds=rounds)
     except Exception as e:
       rec.row("c", config, status=_failure(e), n=n, side="torch")
       continue
