@@ -13,7 +13,8 @@ LABELS = {"clip_vit_b16": "CLIP ViT-B/16", "clip_vit_l14": "CLIP ViT-L/14", "ncu
 # Slices by their chips. Google Cloud names v5p slices by TensorCores (two per chip): 128 v5p chips are a
 # "v5p-256"; a v5e chip has one core, so "v5litepod-256" is 256 chips.
 SLICE_LABELS = {"v5e256": "v5e-256", "v5p128": "v5p, 128 chips", "v5e4": "v5e-4", "cpu8": "8 simulated CPU devices"}
-VARIANT_LABELS = {"": "", "einsum": ", attention=einsum", "gradf32": ", grads summed in float32",
+VARIANT_LABELS = {"": "", "einsum": ", attention=einsum", "recompute": ", attention=recompute",
+                  "gradf32": ", grads summed in float32",
                   "no_attention_core": ", attention core removed (floor)"}
 # The issue's targets for CLIP ViT-B/16 on v5e-256 at 128 pairs per chip (issue 51)
 BYTES_TARGET = 140e9          # XLA's bytes accessed per chip per step
@@ -52,13 +53,17 @@ FINDINGS = """
    `optim.grad_reduce=float32` forms the blocks' weight and bias gradients in float32 (the weight-gradient products
    output float32) so that they are summed in float32: its rows above (", grads summed in float32") give what that
    costs in collective bytes.
-6. **Memory and traffic: what the step stores between forward and backward.** The einsum attention's autodiff
-   keeps every block's float32 probabilities (B x heads x 197 x 197: 238 MB per image block at 128 pairs per chip,
-   the largest arrays of the program) and writes and re-reads them several times. `model.attention='recompute'`
-   (what 'auto' picks on a TPU) keeps q, k, v, the output and two float32 numbers per row (maximum, 1 / sum), and
-   recomputes the probabilities in the backward, rounded to bf16 as the forward's were for p v. The sections below
-   give its traffic by part,
-   against the einsum attention and against a stand-in that removes the attention core entirely (the floor).
+6. **Memory and traffic: attention fused into one kernel per head.** XLA computes attention as separate products
+   and a softmax, so every block's (B x heads x 197 x 197) logits and probabilities go to HBM and back (238 MB in
+   float32 per image block at 128 pairs per chip, the program's largest arrays), forward and backward, and the
+   batched products made it copy q, k and v into other layouts. `model.attention='fused'` (what 'auto' picks on a
+   TPU, `ncjax/models/fused_attention.py`) runs one Pallas kernel per (example, head): a whole row fits the
+   kernel's memory at these lengths, so the logits, the float32 softmax and p v stay on chip, no statistics are
+   kept between the passes, and the backward kernel recomputes the probabilities from q, k and v. The kernel runs in
+   `shard_map` over the batch (a kernel is not partitioned by XLA). 'recompute' (the einsums, the backward
+   recomputing the probabilities) was the TPU's choice before it; the sections below give each one's traffic by
+   part, against the einsum attention where it was compiled and against a stand-in that removes the attention core
+   entirely (the floor).
 """
 
 
@@ -132,7 +137,7 @@ def markdown(results: dict, *, versions: str = "", missing=()) -> str:
          f"`python -m benchmarks.pod_compile --note=docs/notes/pod_compile_tpu.md` with libtpu "
          f"(`pip install 'ncjax[tpu]'`), {datetime.date.today().isoformat()}{versions}. Each row is ncjax's own "
          f"train step (the trainer's StageProgram of the method, bf16 towers, float32 parameters, AdamW, the "
-         f"attention `model.attention='auto'` picks on a TPU: 'recompute') for a global batch of 32,768 pairs, "
+         f"attention `model.attention='auto'` picks on a TPU: 'fused') for a global batch of 32,768 pairs, "
          f"lowered from abstract inputs and compiled by the TPU "
          f"compiler for the slice's chips. Per chip: the compiler's FLOPs against the analytic count "
          f"(`benchmarks/flops.py`: the towers' matrix products, forward and backward, and the loss's similarity "
@@ -159,8 +164,9 @@ def markdown(results: dict, *, versions: str = "", missing=()) -> str:
   out += [_row(r) for r in rows]
   if missing:
     out.append(f"\n**Not compiled in this run** ({len(missing)}: each compile takes 3-10 minutes of this machine's two "
-               f"cores): " + ", ".join(f"`{n}`" for n in missing) + ". Their rows from the previous run, with the "
-               "attention then in use (einsum), are in docs/notes/pod_compile_tpu_2026-11-26.md.")
+               f"cores): " + ", ".join(f"`{n}`" for n in missing) + ". Their rows from earlier runs, with the "
+               "attention then in use, are in docs/notes/pod_compile_tpu_2026-11-27.md ('recompute') and "
+               "docs/notes/pod_compile_tpu_2026-11-26.md (einsum).")
   misses = []
   for r in rows:
     if "flops_compiled" not in r:
@@ -234,12 +240,12 @@ def traffic_sections(results: dict, rows: list[dict]) -> list[str]:
   """Where CLIP ViT-B/16's bytes go on v5e-256 (per part, each variant) and issue 51's targets against the
   default row."""
   base = _find(rows)
-  variants = [(v, _find(rows, variant=v)) for v in ("", "einsum", "no_attention_core")]
+  variants = [(v, _find(rows, variant=v)) for v in ("", "recompute", "einsum", "no_attention_core")]
   variants = [(v, r) for v, r in variants if r is not None and r.get("hbm_parts")]
   out = []
   if variants:
     from benchmarks.hlo_traffic import PARTS
-    heads = [f"{VARIANT_LABELS[v].lstrip(', ') or 'default (recompute)'}: HBM-resident / all" for v, _ in variants]
+    heads = [f"{VARIANT_LABELS[v].lstrip(', ') or 'default (fused)'}: HBM-resident / all" for v, _ in variants]
     out += ["\n## Where the bytes go: CLIP ViT-B/16, v5e-256, 128 pairs per chip\n",
             "GB per chip per step by part of the model (`benchmarks/hlo_traffic.py`: the named scopes of each "
             "instruction's `op_name`; the compiler's prefetches and spills count with what they move; 'all' counts "

@@ -114,8 +114,9 @@ def base_config() -> ml_collections.ConfigDict:
   # the learned one), proj_bias=True (biases on both projections), text_pool='final' / 'first' / 'gap' / 'map'.
   # MERU's towers (configs/meru.py's paper preset, `meru:PATH`): a timm ViT — patch_bias=True, ln_pre=False,
   # posemb='sincos2d_moco' (MoCo v3's fixed table, frozen) — and act='gelu' (exact GELU) in both towers.
-  # attention: 'auto' ('recompute' on a TPU, else 'einsum'), 'einsum' (heads-major einsums, the fastest form on the
-  # CPU and on an H100), 'recompute' (the einsums, the backward recomputing the probabilities), 'xla'
+  # attention: 'auto' ('fused' on a TPU, else 'einsum'), 'einsum' (heads-major einsums, the fastest form on the
+  # CPU and on an H100), 'recompute' (the einsums, the backward recomputing the probabilities), 'fused' (one Pallas
+  # kernel per head: logits and softmax stay on chip; a TPU's, interpreted elsewhere), 'xla'
   # (jax.nn.dot_product_attention's XLA implementation) or 'cudnn' (cuDNN's fused attention on an NVIDIA GPU with
   # dtype bfloat16/float16 and head sizes up to 128: less memory; an error where it cannot run); every kind computes
   # the same function.

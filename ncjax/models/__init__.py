@@ -114,7 +114,7 @@ class ModelSpec:
   proj_bias: bool = False      # a bias on both towers' projections (big_vision's heads)
   dtype: str = "float32"
   remat: bool = False
-  attention: str = "auto"      # 'auto' | 'einsum' | 'recompute' | 'xla' | 'cudnn' (layers.MultiHeadAttention)
+  attention: str = "auto"      # 'auto' | 'einsum' | 'recompute' | 'fused' | 'xla' | 'cudnn' (layers.MultiHeadAttention)
   grad_reduce: str = "bf16"    # optim.grad_reduce: the dtype the blocks' weight gradients are summed in
   geometry: str = "sphere"
   curv_init: float = 1.0

@@ -84,7 +84,7 @@ def project(spec: str, x, kernel, bias, *, dtype, grad_reduce: str = "bf16"):
   return y if bias is None else (y.astype(jnp.float32) + bias).astype(dtype)
 
 
-ATTENTION_KINDS = ("auto", "einsum", "recompute", "xla", "cudnn")
+ATTENTION_KINDS = ("auto", "einsum", "recompute", "fused", "xla", "cudnn")
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 CUDNN_MAX_HEAD_DIM = 128   # cuDNN's fused attention: head sizes that are multiples of 8, up to 128
 
@@ -103,8 +103,9 @@ def cudnn_refusal(*, dtype, head_dim: int, platform: str) -> str | None:
 
 def resolve_attention(kind: str, *, dtype, head_dim: int, platform: str | None = None) -> str:
   """The attention implementation `model.attention` asks for on `platform` (default: JAX's default backend, where
-  the model is traced and run): 'auto' is the recomputing path on a TPU (what its step stores between forward and
-  backward is what bounds it) and the einsum path elsewhere — on the CPU the fastest form, and on an H100 the
+  the model is traced and run): 'auto' is the fused kernel on a TPU (its step is bound by HBM traffic, and the
+  kernel keeps each head's logits and probabilities on chip: docs/notes/pod_compile_tpu.md) and the einsum path
+  elsewhere — on the CPU the fastest form, and on an H100 the
   fastest of the three it ran (CLIP ViT-B/16 bf16 at 256 pairs/GPU: einsum 1,991, xla 1,951, cudnn 1,493 pairs/s;
   docs/notes/accelerator_h100.md). cuDNN's kernel stays a choice for memory (23 GiB instead of 31 GiB there); an
   explicit 'cudnn' that cannot run is an error naming why."""
@@ -112,7 +113,7 @@ def resolve_attention(kind: str, *, dtype, head_dim: int, platform: str | None =
     raise errors.ConfigurationError(f"unknown model.attention {kind!r}; expected one of {ATTENTION_KINDS}")
   platform = jax.default_backend() if platform is None else platform
   if kind == "auto":
-    return "recompute" if platform == "tpu" else "einsum"
+    return "fused" if platform == "tpu" else "einsum"
   if kind == "cudnn":
     why = cudnn_refusal(dtype=dtype, head_dim=head_dim, platform=platform)
     if why is not None:
@@ -197,9 +198,12 @@ class MultiHeadAttention(nnx.Module):
 
   `attention` (`model.attention`; resolved once here, `resolve_attention`): 'einsum' — the heads-major einsums
   below, tuned for the CPU; 'recompute' — the same einsums under `attend_recomputing`, whose backward recomputes
-  the probabilities from q, k, v and the rows' float32 log-sum-exp instead of keeping them (the TPU's choice);
+  the probabilities from q, k, v and the rows' float32 log-sum-exp instead of keeping them; 'fused' — the same
+  projections around one Pallas kernel per head (`fused_attention.attend`: logits, softmax and p v on chip; the
+  TPU's choice; Pallas' interpreter elsewhere), the recomputing einsums where a key mask is given or a sequence is
+  longer than the kernel takes;
   'xla' — `jax.nn.dot_product_attention(implementation='xla')` on token-major q, k, v; 'cudnn' — the same call with
-  cuDNN's fused (flash) attention kernel, bf16/fp16 on NVIDIA GPUs; 'auto' — recompute on a TPU, else einsum. The
+  cuDNN's fused (flash) attention kernel, bf16/fp16 on NVIDIA GPUs; 'auto' — fused on a TPU, else einsum. The
   parameters and the arithmetic are the same for every kind: logits and softmax in float32, masked logits at jax's
   large negative value (a fully masked row attends uniformly, never NaN)."""
 
@@ -220,7 +224,7 @@ class MultiHeadAttention(nnx.Module):
     h = self.heads
     d = w // h
     x = x.astype(self.dtype)
-    if self.attention in ("einsum", "recompute"):
+    if self.attention in ("einsum", "recompute", "fused"):
       return self._einsum(x, causal, key_mask)
     kernel = self.qkv.kernel[...].reshape(w, 3, h, d).astype(self.dtype)
     bias = self.qkv.bias[...].reshape(3, h, d).astype(self.dtype)
@@ -276,7 +280,11 @@ class MultiHeadAttention(nnx.Module):
       q, k, v = (proj("bnw,whd->bhnd", x, kernel[:, i], bias[i][:, None, :]) for i in range(3))
     mask = attention_mask(n, causal=causal, key_mask=key_mask)
     with jax.named_scope("attention_core"):
-      if self.attention == "recompute":
+      if self.attention == "fused":
+        from ncjax.models import fused_attention   # (Pallas, imported by the runs that take this path only)
+      if self.attention == "fused" and key_mask is None and n <= fused_attention.MAX_TOKENS:
+        y = fused_attention.attend(q, k, v, causal, d ** -0.5)
+      elif self.attention in ("recompute", "fused"):
         y = attend_recomputing(q, k, v, mask, d ** -0.5)
       else:
         probs = jax.nn.softmax(_scaled_logits(q, k, mask, d ** -0.5), axis=-1).astype(self.dtype)

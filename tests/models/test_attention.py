@@ -1,5 +1,6 @@
 """`model.attention`: every implementation the CPU can run computes the einsum path's function (outputs and
-gradients, with causal and key-padding masks, a fully masked row included), the whole two-tower model and an
+gradients, with causal and key-padding masks, a fully masked row included; the fused TPU kernel through Pallas'
+interpreter, on one device and under a mesh), the whole two-tower model and an
 imported open_clip checkpoint give the same embeddings under each, 'auto' is resolved from the platform, and
 'cudnn' from the platform, the compute dtype and the head size, with one clear line where it cannot run."""
 
@@ -13,10 +14,10 @@ from ncjax import errors, models
 from ncjax.models import layers
 from ncjax.models.layers import MultiHeadAttention, resolve_attention
 
-CPU_KINDS = ("einsum", "recompute", "xla")
+CPU_KINDS = ("einsum", "recompute", "fused", "xla")
 # cuDNN's fused kernel where the devices that compute are NVIDIA GPUs (run.sh's slice on a GPU host): half precision
 # only, so it joins the bf16 comparison.
-HALF_KINDS = ("xla", "recompute") + (("cudnn",) if jax.devices()[0].platform == "gpu" else ())
+HALF_KINDS = ("xla", "recompute", "fused") + (("cudnn",) if jax.devices()[0].platform == "gpu" else ())
 
 
 def _attention(kind: str, dtype=jnp.float32, width: int = 32, heads: int = 4):
@@ -46,7 +47,7 @@ def _run(kind, x, *, causal, key_mask, dtype=jnp.float32, pad_odd_tokens=None):
   return y, grads, value
 
 
-@pytest.mark.parametrize("kind", ["xla", "recompute"])
+@pytest.mark.parametrize("kind", ["xla", "recompute", "fused"])
 @pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (False, True), (True, True)])
 def test_each_kind_equals_the_einsum_path_with_masks_and_gradients(kind, causal, masked):
   x, key_mask = _inputs()
@@ -121,6 +122,7 @@ def test_the_recomputing_backward_keeps_no_tokens_by_tokens_array():
   square = lambda shapes: [s for s in shapes if len(s) == 4 and s[:2] == (2, 4) and s[-1] == s[-2] == 24]
   assert square(residual_shapes("einsum"))          # the probabilities, kept by autodiff
   assert not square(residual_shapes("recompute"))
+  assert not square(residual_shapes("fused"))
 
 
 def _tiny_spec(attention: str, **kw):
@@ -169,23 +171,23 @@ def test_an_imported_open_clip_checkpoint_gives_the_same_embeddings_under_each_k
     np.testing.assert_allclose(np.asarray(model.encode_text(tokens)), rt, atol=1e-4, rtol=0)
 
 
-def test_auto_picks_recompute_on_a_tpu_and_einsum_elsewhere(monkeypatch):
+def test_auto_picks_the_fused_kernel_on_a_tpu_and_einsum_elsewhere(monkeypatch):
   """'auto' never picks cuDNN: on an H100 the einsum path ran CLIP ViT-B/16 1.33x as fast (docs/notes/
   accelerator_h100.md); cuDNN is asked for by name."""
   bf16, f32 = jnp.bfloat16, jnp.float32
   for dtype, head_dim in ((bf16, 64), (jnp.float16, 128), (f32, 64), (bf16, 160), (bf16, 36)):
     assert resolve_attention("auto", dtype=dtype, head_dim=head_dim, platform="gpu") == "einsum"
-    assert resolve_attention("auto", dtype=dtype, head_dim=head_dim, platform="tpu") == "recompute"
+    assert resolve_attention("auto", dtype=dtype, head_dim=head_dim, platform="tpu") == "fused"
     assert resolve_attention("auto", dtype=dtype, head_dim=head_dim, platform="cpu") == "einsum"
   assert resolve_attention("cudnn", dtype=bf16, head_dim=64, platform="gpu") == "cudnn"
   assert resolve_attention("xla", dtype=f32, head_dim=36, platform="cpu") == "xla"
   # without a platform, JAX's default backend decides (whatever this process's is)
-  for platform, expected in (("cpu", "einsum"), ("gpu", "einsum"), ("tpu", "recompute")):
+  for platform, expected in (("cpu", "einsum"), ("gpu", "einsum"), ("tpu", "fused")):
     monkeypatch.setattr(jax, "default_backend", lambda platform=platform: platform)
     assert resolve_attention("auto", dtype=bf16, head_dim=64) == expected
   # the model resolves per tower
-  assert models.attention_kinds(_tiny_spec("auto", dtype="bfloat16"), platform="tpu") == {"image": "recompute",
-                                                                                          "text": "recompute"}
+  assert models.attention_kinds(_tiny_spec("auto", dtype="bfloat16"), platform="tpu") == {"image": "fused",
+                                                                                          "text": "fused"}
   assert models.attention_kinds(_tiny_spec("cudnn", dtype="bfloat16"), platform="gpu") == {"image": "cudnn",
                                                                                            "text": "cudnn"}
 
@@ -225,3 +227,29 @@ def test_the_recomputing_block_gives_the_einsum_blocks_values_and_gradients():
   np.testing.assert_allclose(float(v), float(v_ref), rtol=1e-6)
   for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-5)
+
+
+def test_the_fused_kind_runs_its_kernel_where_it_can_and_per_device_under_a_mesh(devices):
+  """'fused' runs the Pallas kernel for unmasked and causal attention (a key mask takes the recomputing einsums),
+  and under a mesh each device's examples through it in shard_map: 8 devices equal 1, gradients included."""
+  x, key_mask = _inputs(b=8)
+  module = _attention("fused")
+  graphdef, params = nnx.split(module, nnx.Param)
+
+  def loss(p, x, causal, key_mask):
+    return jnp.sum(jnp.sin(nnx.merge(graphdef, p)(x, causal=causal, key_mask=key_mask)))
+
+  kernels = lambda causal, mask: str(jax.make_jaxpr(jax.grad(loss), static_argnums=(2,))(
+      params, x, causal, mask)).count("pallas_call")
+  assert kernels(False, None) == kernels(True, None) == 2        # forward and backward
+  assert kernels(False, key_mask) == 0
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=(2, 3))
+  one = step(params, x, True, None)
+  mesh = jax.sharding.Mesh(np.array(devices).reshape(4, 2), ("data", "fsdp"))
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+  with jax.set_mesh(mesh):
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss), static_argnums=(2,))(params, x, True, None))
+    eight = step(params, jax.device_put(x, rows), True, None)
+  assert "shard_map" in jaxpr
+  for a, b in zip(jax.tree.leaves(eight), jax.tree.leaves(one)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-5)   # (summed in another order)
