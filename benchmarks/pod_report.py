@@ -64,6 +64,16 @@ FINDINGS = """
    recomputing the probabilities) was the TPU's choice before it; the sections below give each one's traffic by
    part, against the einsum attention where it was compiled and against a stand-in that removes the attention core
    entirely (the floor).
+7. **Memory against traffic: a checkpoint policy, tried and not adopted.** Past ~170 pairs per v5e chip the
+   compiler fits the fused step by recomputing part of it on its own (more FLOPs per pair). Under `jax.checkpoint`
+   with a policy that saves the blocks' matrix-product outputs (q, k, v, the attention output, the residual after
+   it, the MLP's first product; with or without the kernel's output and the layer norms' outputs) and recomputes
+   the layer norms and the activation in the backward, ViT-B/16 at 128 pairs per chip peaked at 10.5-11.7 GiB
+   (12.1 without) and compiled at 192 pairs per chip with at most 1% more FLOPs per pair than at 128 (where they
+   were 1.012-1.025x the analytic count), but XLA's
+   bytes accessed rose to 146-149 GB at 128 (137 without; HBM-resident 65-72 GB) and to 159-197 GB at 192. The
+   step is bound by its traffic, so the policy is not the default (2026-11-28, libtpu 0.0.42.1; compiled by a
+   scratch script, not kept).
 """
 
 
@@ -203,6 +213,9 @@ def markdown(results: dict, *, versions: str = "", missing=()) -> str:
       cells = []
       for remat in ("False", "True"):
         r = v.get(remat) or {}
+        if not r:
+          cells += ["not searched in this run", "-"]
+          continue
         cells.append(f"{r.get('max_batch')} ({r.get('first_not_as_written')})")
         largest, ratio, refused = _largest_accepted(results, name, remat == "True")
         cells.append(f">= {largest} ({ratio:.2f}x; refused at {refused})" if largest else "-")

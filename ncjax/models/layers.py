@@ -333,8 +333,11 @@ class ResidualBlock(nnx.Module):
     with jax.named_scope("layer_norm"):
       h = self.ln_2(x).astype(self.dtype)
     with jax.named_scope("mlp"):
-      # (Recomputing the MLP's activation too, under jax.checkpoint with a dots-saving policy, raised the TPU step's
-      # peak memory by 0.8 GiB and its bytes accessed by 6.5 GB at ViT-B/16, 128 pairs per v5e chip: not done.)
+      # (Recomputing the layer norms and the MLP's activation in the backward, under jax.checkpoint with a policy
+      # saving the matrix products' outputs, cut the fused TPU step's peak at ViT-B/16, 128 pairs per v5e chip,
+      # from 12.1 to 10.5-11.7 GiB, so that 192 pairs compile with no more FLOPs per pair, but raised XLA's bytes
+      # accessed from 137 to 146-149 GB: its traffic is what bounds the step, so not done; see
+      # docs/notes/pod_compile_tpu.md.)
       h = self.mlp(h)
     with jax.named_scope("residual"):
       return x + h.astype(x.dtype)
