@@ -27,11 +27,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
-from ncjax.models.layers import MASKED_LOGIT   # jax.nn's masked value, as the einsum path's
-
 # A (tokens x tokens) float32 block and its probabilities per grid step: 4 MiB each at 1,024 tokens, inside a TPU
 # core's scoped VMEM (16 MiB by default on v5e) with q, k, v and the gradients' double buffers.
 MAX_TOKENS = 1024
+MASKED_LOGIT = -0.7 * float(jnp.finfo(jnp.float32).max)   # as layers.MASKED_LOGIT: jax.nn's masked value
 
 _PLATFORM: list[str | None] = [None]
 
