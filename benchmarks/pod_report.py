@@ -53,14 +53,19 @@ FINDINGS = """
    `optim.grad_reduce=float32` forms the blocks' weight and bias gradients in float32 (the weight-gradient products
    output float32) so that they are summed in float32: its rows above (", grads summed in float32") give what that
    costs in collective bytes.
-6. **Memory and traffic: attention fused into one kernel per head.** XLA computes attention as separate products
+6. **Memory and traffic: attention fused into one kernel.** XLA computes attention as separate products
    and a softmax, so every block's (B x heads x 197 x 197) logits and probabilities go to HBM and back (238 MB in
    float32 per image block at 128 pairs per chip, the program's largest arrays), forward and backward, and the
    batched products made it copy q, k and v into other layouts. `model.attention='fused'` (what 'auto' picks on a
-   TPU, `ncjax/models/fused_attention.py`) runs one Pallas kernel per (example, head): a whole row fits the
-   kernel's memory at these lengths, so the logits, the float32 softmax and p v stay on chip, no statistics are
-   kept between the passes, and the backward kernel recomputes the probabilities from q, k and v. The kernel runs in
-   `shard_map` over the batch (a kernel is not partitioned by XLA). 'recompute' (the einsums, the backward
+   TPU, `ncjax/models/fused_attention.py`) runs one Pallas kernel per (example, 128 lanes of heads): a whole row
+   fits the kernel's memory at these lengths, so the logits, the float32 softmax and p v stay on chip, no
+   statistics are kept between the passes, and the backward kernel recomputes the probabilities from q, k and v.
+   The kernel reads token-major (B, tokens, width) q, k, v, two 64-wide heads per 128-lane block: its first version
+   took heads-major (B, heads, tokens, 64) arrays, which a TPU stores lane-padded to 128, twice their size — and the
+   kernel's operands and output are what the step keeps for the backward. Token-major blocks took the ViT-B/16 step
+   at 128 pairs per v5e chip from 12.1 to 9.8 GiB at its peak and from 137 to 118 GB of XLA's bytes accessed, with
+   the same compiler (the heads-major kernel's rows: docs/notes/pod_compile_tpu_2026-11-28-heads-major.md). The
+   kernel runs in `shard_map` over the batch (a kernel is not partitioned by XLA). 'recompute' (the einsums, the backward
    recomputing the probabilities) was the TPU's choice before it; the sections below give each one's traffic by
    part, against the einsum attention where it was compiled and against a stand-in that removes the attention core
    entirely (the floor).
@@ -175,7 +180,8 @@ def markdown(results: dict, *, versions: str = "", missing=()) -> str:
   if missing:
     out.append(f"\n**Not compiled in this run** ({len(missing)}: each compile takes 3-10 minutes of this machine's two "
                f"cores): " + ", ".join(f"`{n}`" for n in missing) + ". Their rows from earlier runs, with the "
-               "attention then in use, are in docs/notes/pod_compile_tpu_2026-11-27.md ('recompute') and "
+               "attention then in use, are in docs/notes/pod_compile_tpu_2026-11-28-heads-major.md (the fused "
+               "kernel's first, heads-major version), docs/notes/pod_compile_tpu_2026-11-27.md ('recompute') and "
                "docs/notes/pod_compile_tpu_2026-11-26.md (einsum).")
   misses = []
   for r in rows:

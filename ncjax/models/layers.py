@@ -198,10 +198,10 @@ class MultiHeadAttention(nnx.Module):
 
   `attention` (`model.attention`; resolved once here, `resolve_attention`): 'einsum' — the heads-major einsums
   below, tuned for the CPU; 'recompute' — the same einsums under `attend_recomputing`, whose backward recomputes
-  the probabilities from q, k, v and the rows' float32 log-sum-exp instead of keeping them; 'fused' — the same
-  projections around one Pallas kernel per head (`fused_attention.attend`: logits, softmax and p v on chip; the
-  TPU's choice; Pallas' interpreter elsewhere), the recomputing einsums where a key mask is given or a sequence is
-  longer than the kernel takes;
+  the probabilities from q, k, v and the rows' float32 log-sum-exp instead of keeping them; 'fused' — token-major
+  projections around one Pallas kernel per example and 128 lanes of heads (`fused_attention.attend`: logits,
+  softmax and p v on chip; the TPU's choice; Pallas' interpreter elsewhere), the recomputing einsums where a key
+  mask is given or a sequence is longer than the kernel takes;
   'xla' — `jax.nn.dot_product_attention(implementation='xla')` on token-major q, k, v; 'cudnn' — the same call with
   cuDNN's fused (flash) attention kernel, bf16/fp16 on NVIDIA GPUs; 'auto' — fused on a TPU, else einsum. The
   parameters and the arithmetic are the same for every kind: logits and softmax in float32, masked logits at jax's
@@ -276,15 +276,22 @@ class MultiHeadAttention(nnx.Module):
     kernel = self.qkv.kernel[...].reshape(w, 3, h, d)
     bias = self.qkv.bias[...].reshape(3, h, d)
     proj = functools.partial(project, dtype=self.dtype, grad_reduce=self.grad_reduce)
+    if self.attention == "fused":
+      from ncjax.models import fused_attention   # (Pallas, imported by the runs that take this path only)
+      if key_mask is None and n <= fused_attention.MAX_TOKENS:
+        # Token-major: the kernel reads each head's columns of (batch, tokens, width) q, k, v as the projections
+        # write them, and writes its output as the output projection reads it.
+        with jax.named_scope("attention_projections"):
+          q, k, v = (proj("bnw,wv->bnv", x, kernel[:, i].reshape(w, w), bias[i].reshape(w)) for i in range(3))
+        with jax.named_scope("attention_core"):
+          y = fused_attention.attend(q, k, v, heads=h, causal=causal, scale=d ** -0.5)
+        with jax.named_scope("attention_projections"):
+          return proj("bnv,vw->bnw", y, self.out.kernel[...], self.out.bias[...])
     with jax.named_scope("attention_projections"):
       q, k, v = (proj("bnw,whd->bhnd", x, kernel[:, i], bias[i][:, None, :]) for i in range(3))
     mask = attention_mask(n, causal=causal, key_mask=key_mask)
     with jax.named_scope("attention_core"):
-      if self.attention == "fused":
-        from ncjax.models import fused_attention   # (Pallas, imported by the runs that take this path only)
-      if self.attention == "fused" and key_mask is None and n <= fused_attention.MAX_TOKENS:
-        y = fused_attention.attend(q, k, v, causal, d ** -0.5)
-      elif self.attention in ("recompute", "fused"):
+      if self.attention in ("recompute", "fused"):
         y = attend_recomputing(q, k, v, mask, d ** -0.5)
       else:
         probs = jax.nn.softmax(_scaled_logits(q, k, mask, d ** -0.5), axis=-1).astype(self.dtype)
@@ -333,10 +340,9 @@ class ResidualBlock(nnx.Module):
     with jax.named_scope("layer_norm"):
       h = self.ln_2(x).astype(self.dtype)
     with jax.named_scope("mlp"):
-      # (Recomputing the layer norms and the MLP's activation in the backward, under jax.checkpoint with a policy
-      # saving the matrix products' outputs, cut the fused TPU step's peak at ViT-B/16, 128 pairs per v5e chip,
-      # from 12.1 to 10.5-11.7 GiB, so that 192 pairs compile with no more FLOPs per pair, but raised XLA's bytes
-      # accessed from 137 to 146-149 GB: its traffic is what bounds the step, so not done; see
+      # (No jax.checkpoint policy here: with CLIP's QuickGELU the TPU compiler already recomputes the activation
+      # from the first product on its own — a policy recomputing it changed neither the peak nor the bytes of a
+      # compiled ViT-B/16 block — and recomputing the layer norms raised XLA's bytes accessed; see
       # docs/notes/pod_compile_tpu.md.)
       h = self.mlp(h)
     with jax.named_scope("residual"):

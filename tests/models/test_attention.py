@@ -229,6 +229,25 @@ def test_the_recomputing_block_gives_the_einsum_blocks_values_and_gradients():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("width,heads", [(128, 2), (256, 4), (256, 2), (96, 2)])
+def test_the_fused_kernel_reads_whole_heads_in_128_lane_blocks(width, heads):
+  """The kernel's grid steps over token-major columns: two 64-wide heads per 128-lane block (128 / 2: one step;
+  256 / 4: two), a 128-wide head per block (256 / 2), the whole width where no head-aligned block of 128 lanes
+  divides it (96 / 2: 48-wide heads); each equals the einsum path, causal, gradients included."""
+  from ncjax.models import fused_attention
+  head_dim = width // heads
+  assert fused_attention._lanes(width, head_dim) == {(128, 2): 128, (256, 4): 128, (256, 2): 128,
+                                                     (96, 2): 96}[width, heads]
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 5, width)).astype(np.float32))
+  out = {}
+  for kind in ("einsum", "fused"):
+    graphdef, params = nnx.split(_attention(kind, width=width, heads=heads), nnx.Param)
+    loss = lambda p, x: jnp.sum(jnp.sin(nnx.merge(graphdef, p)(x, causal=True)))
+    out[kind] = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
+  for a, b in zip(jax.tree.leaves(out["fused"]), jax.tree.leaves(out["einsum"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=1e-5)
+
+
 def test_the_fused_kind_runs_its_kernel_where_it_can_and_per_device_under_a_mesh(devices):
   """'fused' runs the Pallas kernel for unmasked and causal attention (a key mask takes the recomputing einsums),
   and under a mesh each device's examples through it in shard_map: 8 devices equal 1, gradients included."""
