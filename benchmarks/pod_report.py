@@ -19,6 +19,7 @@ VARIANT_LABELS = {"": "", "einsum": ", attention=einsum", "recompute": ", attent
 # The issue's targets for CLIP ViT-B/16 on v5e-256 at 128 pairs per chip (issue 51)
 BYTES_TARGET = 140e9          # XLA's bytes accessed per chip per step
 BATCH_TARGET = 192            # the largest batch per chip as written, without remat
+COPIES_TARGET = 2e9           # "no q/k/v layout copies": what is left is the parameters' and the loss's (~1 GB)
 
 
 FINDINGS = """
@@ -296,6 +297,11 @@ def traffic_sections(results: dict, rows: list[dict]) -> list[str]:
         ("largest batch per chip as written, no remat", str(largest) if largest else "not searched",
          f">= {BATCH_TARGET}", bool(largest) and largest >= BATCH_TARGET),
     ]
+    copies = base.get("hbm_parts", {}).get("layout copies")
+    if copies:
+      checks.append(("layout copies (XLA's count; HBM-resident)",
+                     f"{copies['all'] / 1e9:.1f} GB ({copies['hbm'] / 1e9:.1f})", f"none (<= {COPIES_TARGET / 1e9:.0f} GB)",
+                     copies["all"] <= COPIES_TARGET))
     out += ["\n## Issue 51's targets for this row\n",
             "| target | measured | wanted | met |", "|---|---|---|---|"]
     out += [f"| {name} | {value} | {wanted} | {'yes' if ok else '**no**'} |" for name, value, wanted, ok in checks]
