@@ -70,16 +70,18 @@ FINDINGS = """
    recomputing the probabilities) was the TPU's choice before it; the sections below give each one's traffic by
    part, against the einsum attention where it was compiled and against a stand-in that removes the attention core
    entirely (the floor).
-7. **Memory against traffic: a checkpoint policy, tried and not adopted.** Past ~170 pairs per v5e chip the
-   compiler fits the fused step by recomputing part of it on its own (more FLOPs per pair). Under `jax.checkpoint`
-   with a policy that saves the blocks' matrix-product outputs (q, k, v, the attention output, the residual after
-   it, the MLP's first product; with or without the kernel's output and the layer norms' outputs) and recomputes
-   the layer norms and the activation in the backward, ViT-B/16 at 128 pairs per chip peaked at 10.5-11.7 GiB
-   (12.1 without) and compiled at 192 pairs per chip with at most 1% more FLOPs per pair than at 128 (where they
-   were 1.012-1.025x the analytic count), but XLA's
-   bytes accessed rose to 146-149 GB at 128 (137 without; HBM-resident 65-72 GB) and to 159-197 GB at 192. The
-   step is bound by its traffic, so the policy is not the default (2026-11-28, libtpu 0.0.42.1; compiled by a
-   scratch script, not kept).
+7. **Memory: what the step keeps for the backward, and what it copies.** With the heads-major kernel the largest
+   ViT-B/16 batch per v5e chip as written was 168; `jax.checkpoint` policies that saved the blocks' matrix-product
+   outputs and recomputed the layer norms and the activation reached 192, but raised XLA's bytes accessed from 137
+   to 146-149 GB at 128 pairs, so none was adopted. The token-major kernel keeps 2.3 GiB less at 128 pairs and takes
+   the batch to 224 with no policy. Two things measured on compiled blocks (ViT-B/16, 128 pairs, one v5e chip) and
+   left as they are: a policy recomputing the MLP's activation changes nothing with CLIP's QuickGELU (the compiler
+   already recomputes it from the first product: the same temporaries and bytes with and without), while with the
+   exact GELU of MERU's towers it would keep 0.47 instead of 0.62 GiB per block and move 6.3 instead of 7.2 GB;
+   and the kernel's operands cost relayouts — XLA keeps (B, 197, width) activations batch-minor, where 197 tokens
+   need no padding to a tile, so it copies the kernel's row-major results into that layout (the layout copies
+   above). Keeping the residual stream as (B x 197, width) token rows, with the kernel reading 16 examples' rows per
+   step, removed those copies but moved more in the projections and the kernel: 6.7 instead of 6.6 GB per block.
 """
 
 
