@@ -129,7 +129,10 @@ def test_a_micro_step_compiles_for_a_tpu_v5e_slice(tmp_path):
   assert record["collective_bytes"] > 0 and np.isfinite(record["mfu"])
 
 
-@pytest.mark.parametrize("a,s,q,capacity_gib", [(2e9, 9e7, 0.0, 16), (3e9, 6e7, 2e4, 16), (1e9, 4e8, 1e5, 95)])
+# (the last: the smallest anchor, 128, is accepted only with the compiler's own recomputation, as ViT-L/14's on a v5e
+# chip; the search goes below it)
+@pytest.mark.parametrize("a,s,q,capacity_gib", [(2e9, 9e7, 0.0, 16), (3e9, 6e7, 2e4, 16), (1e9, 4e8, 1e5, 95),
+                                                (2e9, 1.3e8, 0.0, 16)])
 def test_the_largest_batch_search_finds_the_last_multiple_of_8_the_compiler_accepts(a, s, q, capacity_gib,
                                                                                     monkeypatch):
   """Against a compiler whose memory is a + s b + q b^2, which recomputes on its own (more FLOPs) up to 1.3x the
