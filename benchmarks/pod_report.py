@@ -212,7 +212,8 @@ def markdown(results: dict, *, versions: str = "", missing=()) -> str:
             "at the smallest batch it accepts, +2%). Past it the TPU compiler still accepts larger batches by "
             "rematerialising on its own (the FLOPs column: compiled against analytic at the largest batch it accepted) "
             "and refuses beyond the last column's batch. Searched by compiling: anchors at 128, 512 "
-            "and 1,024 pairs per chip, then bisection from where the temporaries' fitted curve meets the HBM.\n",
+            "and 1,024 pairs per chip (halving below 128 until a batch is accepted, without remat with at most "
+            "1.05x the analytic FLOPs), then bisection from where the temporaries' fitted curve meets the HBM.\n",
             "| step | slice | as written: largest (first not) | largest compiled, with the compiler's recompute "
             "(FLOPs; refused at) | remat, as written: largest (first not) | remat, largest compiled (FLOPs; refused "
             "at) |",
