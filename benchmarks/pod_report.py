@@ -228,7 +228,8 @@ def markdown(results: dict, *, versions: str = "", missing=()) -> str:
           continue
         cells.append(f"{r.get('max_batch')} ({r.get('first_not_as_written')})")
         largest, ratio, refused = _largest_accepted(results, name, remat == "True")
-        cells.append(f">= {largest} ({ratio:.2f}x; refused at {refused})" if largest else "-")
+        refusal = f"refused at {refused}" if refused else "no refusal compiled"
+        cells.append(f">= {largest} ({ratio:.2f}x; {refusal})" if largest else "-")
       out.append(f"| {LABELS.get(model, model)} | {SLICE_LABELS.get(slice_name, slice_name)} | "
                  + " | ".join(cells) + " |")
   out += ["\n## What a run costs (at the rows above)\n",
