@@ -66,10 +66,10 @@ FINDINGS = """
    kernel's operands and output are what the step keeps for the backward. Token-major blocks took the ViT-B/16 step
    at 128 pairs per v5e chip from 12.1 to 9.8 GiB at its peak and from 137 to 118 GB of XLA's bytes accessed, with
    the same compiler (the heads-major kernel's rows: docs/notes/pod_compile_tpu_2026-11-28-heads-major.md). The
-   kernel runs in `shard_map` over the batch (a kernel is not partitioned by XLA). 'recompute' (the einsums, the backward
-   recomputing the probabilities) was the TPU's choice before it; the sections below give each one's traffic by
-   part, against the einsum attention where it was compiled and against a stand-in that removes the attention core
-   entirely (the floor).
+   kernel runs in `shard_map` over the batch (a kernel is not partitioned by XLA). 'recompute' (the einsums, the
+   backward recomputing the probabilities) was the TPU's choice before it; the sections below give each one's
+   traffic by part, against the einsum attention where it was compiled and against a stand-in that removes the
+   attention core entirely (the floor).
 7. **Memory: what the step keeps for the backward, and what it copies.** With the heads-major kernel the largest
    ViT-B/16 batch per v5e chip as written was 168; `jax.checkpoint` policies that saved the blocks' matrix-product
    outputs and recomputed the layer norms and the activation reached 192, but raised XLA's bytes accessed from 137
@@ -304,8 +304,8 @@ def traffic_sections(results: dict, rows: list[dict]) -> list[str]:
     copies = base.get("hbm_parts", {}).get("layout copies")
     if copies:
       checks.append(("layout copies (XLA's count; HBM-resident)",
-                     f"{copies['all'] / 1e9:.1f} GB ({copies['hbm'] / 1e9:.1f})", f"none (<= {COPIES_TARGET / 1e9:.0f} GB)",
-                     copies["all"] <= COPIES_TARGET))
+                     f"{copies['all'] / 1e9:.1f} GB ({copies['hbm'] / 1e9:.1f})",
+                     f"none (<= {COPIES_TARGET / 1e9:.0f} GB)", copies["all"] <= COPIES_TARGET))
     out += ["\n## Issue 51's targets for this row\n",
             "| target | measured | wanted | met |", "|---|---|---|---|"]
     out += [f"| {name} | {value} | {wanted} | {'yes' if ok else '**no**'} |" for name, value, wanted, ok in checks]

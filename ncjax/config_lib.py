@@ -116,7 +116,7 @@ def base_config() -> ml_collections.ConfigDict:
   # posemb='sincos2d_moco' (MoCo v3's fixed table, frozen) — and act='gelu' (exact GELU) in both towers.
   # attention: 'auto' ('fused' on a TPU, else 'einsum'), 'einsum' (heads-major einsums, the fastest form on the
   # CPU and on an H100), 'recompute' (the einsums, the backward recomputing the probabilities), 'fused' (one Pallas
-  # kernel per head: logits and softmax stay on chip; a TPU's, interpreted elsewhere), 'xla'
+  # kernel per example and 128 lanes of heads: logits and softmax stay on chip; a TPU's, interpreted elsewhere), 'xla'
   # (jax.nn.dot_product_attention's XLA implementation) or 'cudnn' (cuDNN's fused attention on an NVIDIA GPU with
   # dtype bfloat16/float16 and head sizes up to 128: less memory; an error where it cannot run); every kind computes
   # the same function.

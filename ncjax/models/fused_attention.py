@@ -5,11 +5,12 @@ ViT-B/16's 197 tokens, a text tower's 77. XLA computes attention as separate mat
 (tokens x tokens) logits and probabilities of every head go to HBM and back, forward and backward — at ViT-B/16 and
 128 pairs per v5e chip the largest arrays of the step (docs/notes/pod_compile_tpu.md). Here each grid step reads
 one example's 128 columns of token-major q, k, v (two of ViT-B/16's 64-wide heads), and per head computes its
-logits in float32, the softmax in float32 and p v, and writes only the output. The backward kernel reads q, k, v and the output's gradient and recomputes the probabilities the same way
-(every row is whole, so no statistics are kept between the passes), then forms the logits' gradient from the
-softmax's Jacobian, p (dp - rowsum(dp p)), in float32 (as FlashAttention's backward, Dao et al. 2022, Alg. 4, with
-the row sums taken from p itself). What the step stores for the backward is q, k and v, which the projections keep
-anyway. One extra q k^T per block is the price, as `layers.attend_recomputing`'s.
+logits in float32, the softmax in float32 and p v, and writes only the output. The backward kernel reads q, k, v
+and the output's gradient and recomputes the probabilities the same way (every row is whole, so no statistics are
+kept between the passes), then forms the logits' gradient from the softmax's Jacobian, p (dp - rowsum(dp p)), in
+float32 (as FlashAttention's backward, Dao et al. 2022, Alg. 4, with the row sums taken from p itself). What the
+step stores for the backward is q, k and v, which the projections keep anyway. One extra q k^T per block is the
+price, as `layers.attend_recomputing`'s.
 
 Token-major because of the TPU's (sublane, 128-lane) tiles: heads-major (batch, heads, tokens, 64) arrays, as the
 einsum path lays them out, are stored lane-padded to 128 in HBM, twice their size, and the kernel's operands and
