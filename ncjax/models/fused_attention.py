@@ -126,7 +126,7 @@ def _call(kernel, inputs, outputs: int, *, head_dim: int, flops: int, transcende
 
 def attend(q, k, v, *, heads: int, causal: bool, scale: float):
   """softmax(q k^T scale [causal mask]) v per head over token-major (batch, tokens, width) arrays, head i in columns
-  [i * head_dim, (i + 1) * head_dim) (as the projections write them, so no layout copy comes between); the logits
+  [i * head_dim, (i + 1) * head_dim) (as the projections write them; no lane-padded heads-major arrays); the logits
   and the softmax in float32, the products in q's dtype with float32 accumulation (the einsum path's arithmetic).
 
   Under a mesh (`jax.set_mesh`, as the trainer steps) each device attends over its own examples: a kernel is not
