@@ -78,10 +78,16 @@ FINDINGS = """
    left as they are: a policy recomputing the MLP's activation changes nothing with CLIP's QuickGELU (the compiler
    already recomputes it from the first product: the same temporaries and bytes with and without), while with the
    exact GELU of MERU's towers it would keep 0.47 instead of 0.62 GiB per block and move 6.3 instead of 7.2 GB;
-   and the kernel's operands cost relayouts — XLA keeps (B, 197, width) activations batch-minor, where 197 tokens
-   need no padding to a tile, so it copies the kernel's row-major results into that layout (the layout copies
-   above). Keeping the residual stream as (B x 197, width) token rows, with the kernel reading 16 examples' rows per
-   step, removed those copies but moved more in the projections and the kernel: 6.7 instead of 6.6 GB per block.
+   and the layout copies above are the backward kernel's results. The projections' backward products take dq, dk
+   and dv batch-minor (layout {0,2,1}: tokens major, the batch in the lanes, no tile padding for 197 tokens), so XLA
+   relayouts the kernel's row-major results, three 39 MB arrays per block, in every block after the first (the
+   first block's input is the step's own row-major array, and its kernel's results are used as written). Three ways to
+   remove them were compiled (two ViT-B/16 blocks, 128 pairs, one v5e chip: 12.3 GB of XLA's bytes, 0.67 GB of it
+   copies), and each moved more than it saved: padding the sequence to 200 tokens (the copies stay: 0.54 GB, 12.3
+   GB in all); `jax.experimental.layout.with_layout_constraint` holding the residual stream row-major (the copies
+   go: 0.02 GB, but 13.8 GB in all, as the projections and layer norms then relayout inside their fusions); and the
+   residual stream as (B x 197, width) token rows, with the kernel reading 16 examples' rows per step (the copies
+   go, but a block moves 6.7 instead of 6.6 GB). So the step keeps XLA's layouts and pays for the copies.
 """
 
 
