@@ -91,6 +91,22 @@ FINDINGS = """
 """
 
 
+def _over_capacity(results: dict) -> str:
+  """A sentence on the accepted compiles whose memory analysis sums to more than the chip's HBM (none: '')."""
+  over = [(r["peak_bytes"] / r["hbm_capacity"], name, r) for name, r in results.items()
+          if isinstance(r, dict) and r.get("fits") and r.get("batch_per_chip") and "hbm_capacity" in r
+          and r.get("peak_bytes", 0) > r["hbm_capacity"]]
+  if not over:
+    return ""
+  ratio, _, r = max(over, key=lambda o: o[0])
+  return (f" The compiler's own memory check decides what is accepted: near the largest accepted batches XLA's memory"
+          f" analysis (arguments + outputs - aliased + temporaries + code) sums to more than the chip's HBM in"
+          f" {len(over)} accepted compiles, up to {ratio:.2f}x ({LABELS.get(r['model'], r['model'])}"
+          f"{' + remat' if r.get('remat') else ''} on {SLICE_LABELS.get(r['slice'], r['slice'])} at"
+          f" {r['batch_per_chip']:,} pairs per chip: {r['peak_bytes'] / GIB:.1f} of {r['hbm_capacity'] / GIB:.0f}"
+          f" GiB), so the analysis overstates the peak there.")
+
+
 def _largest_accepted(results: dict, name: str, remat: bool):
   """(the largest per-chip batch any compile of this configuration was accepted at, its compiled / analytic FLOPs,
   the smallest batch above it that was refused) over every compile in the records."""
@@ -219,7 +235,8 @@ def markdown(results: dict, *, versions: str = "", missing=()) -> str:
             "rematerialising on its own (the FLOPs column: compiled against analytic at the largest batch it accepted) "
             "and refuses beyond the last column's batch. Searched by compiling: anchors at 128, 512 "
             "and 1,024 pairs per chip (halving below 128 until a batch is accepted, without remat with at most "
-            "1.05x the analytic FLOPs), then bisection from where the temporaries' fitted curve meets the HBM.\n",
+            "1.05x the analytic FLOPs), then bisection from where the temporaries' fitted curve meets the HBM."
+            + _over_capacity(results) + "\n",
             "| step | slice | as written: largest (first not) | largest compiled, with the compiler's recompute "
             "(FLOPs; refused at) | remat, as written: largest (first not) | remat, largest compiled (FLOPs; refused "
             "at) |",

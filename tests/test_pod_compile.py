@@ -165,6 +165,21 @@ def test_the_largest_batch_search_finds_the_last_multiple_of_8_the_compiler_acce
   assert len(set(calls)) <= 11
 
 
+def test_the_search_section_says_where_the_memory_analysis_overstates_the_peak():
+  """An accepted compile whose memory analysis sums past the chip's HBM (seen near the largest accepted batches:
+  the compiler's own check counts temporaries differently) is named, with the worst ratio; none gives nothing."""
+  from benchmarks import pod_report
+  gib = pc.GIB
+  record = lambda b, peak, fits=True: dict(model="clip_vit_l14", slice="v5p128", remat=True, batch_per_chip=b,
+                                           fits=fits, peak_bytes=peak * gib, hbm_capacity=95 * gib)
+  results = {"a_b2848_remat": record(2848, 98.2), "a_b2928_remat": record(2928, 97.6),
+             "a_b1024_remat": record(1024, 41.4), "a_b2968_remat": record(2968, 0.0, fits=False),
+             "a_max_batch": {"True": {"max_batch": 2928}}}
+  text = pod_report._over_capacity(results)
+  assert "in 2 accepted compiles" in text and "1.03x" in text and "2,848 pairs per chip: 98.2 of 95 GiB" in text
+  assert pod_report._over_capacity({"a_b1024_remat": record(1024, 41.4)}) == ""
+
+
 def test_quick_writes_the_records_json_promises(tmp_path):
   """`--quick --cpu --json=FILE` (or --quick without libtpu): the micro step on the simulated CPU devices, every field --json lists."""
   out = tmp_path / "pc.json"
