@@ -354,7 +354,7 @@ def memory_point(r: dict) -> tuple[float, float] | None:
 AS_WRITTEN_FLOPS = 1.05   # compiled / analytic FLOPs below which a step without remat recomputes nothing of note
 
 
-def largest_batch(model: str, slice_name: str, *, remat: bool, run, anchors=(128, 512, 1024)) -> dict:
+def largest_batch(model: str, slice_name: str, *, remat: bool, run, anchors=(128, 512, 1024), rounds: int = 12) -> dict:
   """The largest per-chip batch (a multiple of 8) whose step the compiler accepts as written, data-parallel.
 
   Past some batch the TPU compiler still accepts the program by rematerialising on its own: ViT-B/16 on a v5e chip
@@ -363,7 +363,8 @@ def largest_batch(model: str, slice_name: str, *, remat: bool, run, anchors=(128
   anchor (+2%); the largest batch accepted at all is reported beside it. The search compiles the anchors (a
   refused compile costs ~1 minute and names the temporaries it needed; an accepted one several), halves below
   them until one is accepted, then bisects between the largest batch as written and the smallest that is not,
-  starting at the batch where the temporaries' fitted curve a + s b + q b^2 meets the available HBM."""
+  starting at the batch where the temporaries' fitted curve a + s b + q b^2 meets the available HBM, in at most
+  `rounds` bisection steps (`run` may answer from records: a search stopped there goes on with more rounds)."""
   import numpy as np
   records: dict[int, dict] = {}
 
@@ -398,7 +399,7 @@ def largest_batch(model: str, slice_name: str, *, remat: bool, run, anchors=(128
     disc = sl * sl - 4 * q * (a - avail)
     predicted = ((-sl + math.sqrt(disc)) / (2 * q)) if q > 0 and disc >= 0 else (avail - a) / sl
   guess = predicted
-  for _ in range(8):
+  for _ in range(rounds):
     lo = max((b for b in records if as_written(b)), default=0)
     hi = min((b for b in records if b > lo and not as_written(b)), default=None)
     if hi is not None and hi - lo <= 8:
