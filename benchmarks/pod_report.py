@@ -93,12 +93,12 @@ FINDINGS = """
 
 def _over_capacity(results: dict) -> str:
   """A sentence on the accepted compiles whose memory analysis sums to more than the chip's HBM (none: '')."""
-  over = [(r["peak_bytes"] / r["hbm_capacity"], name, r) for name, r in results.items()
-          if isinstance(r, dict) and r.get("fits") and r.get("batch_per_chip") and "hbm_capacity" in r
-          and r.get("peak_bytes", 0) > r["hbm_capacity"]]
+  over = [r for r in results.values() if isinstance(r, dict) and r.get("fits") and r.get("batch_per_chip")
+          and "hbm_capacity" in r and r.get("peak_bytes", 0) > r["hbm_capacity"]]
   if not over:
     return ""
-  ratio, _, r = max(over, key=lambda o: o[0])
+  r = max(over, key=lambda r: r["peak_bytes"] / r["hbm_capacity"])
+  ratio = r["peak_bytes"] / r["hbm_capacity"]
   return (f" The compiler's own memory check decides what is accepted: near the largest accepted batches XLA's memory"
           f" analysis (arguments + outputs - aliased + temporaries + code) sums to more than the chip's HBM in"
           f" {len(over)} accepted compiles, up to {ratio:.2f}x ({LABELS.get(r['model'], r['model'])}"
